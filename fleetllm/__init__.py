@@ -1,0 +1,34 @@
+"""fleetllm: run LLMs over datasets and behind an OpenAI-compatible API, from a laptop to a Ray cluster.
+
+Public API (imported lazily, so `import fleetllm` loads no torch, transformers, vllm or ray):
+
+    from fleetllm import build_processor, TransformersEngineProcessorConfig, vLLMEngineProcessorConfig
+    from fleetllm import ai_query
+    from fleetllm.serve import LLMConfig, build_openai_app
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "build_processor": "fleetllm.batch.processor",
+    "TransformersEngineProcessorConfig": "fleetllm.batch.processor",
+    "vLLMEngineProcessorConfig": "fleetllm.batch.processor",
+    "Processor": "fleetllm.batch.processor",
+    "run_job": "fleetllm.batch.runner",
+    "ai_query": "fleetllm.query.ai_query",
+    "JobSpec": "fleetllm.spec",
+    "load_job_spec": "fleetllm.spec",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fleetllm' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Batch inference on Ray Data: shards, engine stages, commits, progress, reports."""

@@ -1,0 +1,206 @@
+"""Input discovery and reading (local or fsspec URLs), and atomic output writes.
+
+Line-based formats (jsonl, openai_batch) are read by byte offset, so reading shard k costs one
+shard's bytes; parquet reads only the row groups a shard spans; csv and json arrays are parsed
+whole (keep shards large for those).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from typing import Any, Iterator
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fleetllm.batch.plan import InputFile, Shard
+from fleetllm.errors import InputError
+
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+LINE_FORMATS = ("jsonl", "openai_batch")
+
+
+def file_format(path: str, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in EXTENSIONS:
+        raise InputError(
+            f"cannot tell the format of {path!r} from its extension; "
+            f"use one of {sorted(EXTENSIONS)} or set input.format"
+        )
+    return EXTENSIONS[ext]
+
+
+def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[str, str]]]:
+    """(filesystem, [(path, name relative to the input root)]) in a stable order."""
+    fs, root = fsspec.core.url_to_fs(path)
+    if not fs.exists(root):
+        raise InputError(f"input path {path!r} does not exist; check input.path")
+    if fs.isdir(root):
+        found = sorted(p for p in fs.find(root) if not posixpath.basename(p).startswith((".", "_")))
+        wanted = [p for p in found if declared != "auto" or os.path.splitext(p)[1].lower() in EXTENSIONS]
+        if not wanted:
+            raise InputError(f"input folder {path!r} holds no {sorted(EXTENSIONS)} files")
+        return fs, [(p, posixpath.relpath(p, root)) for p in wanted]
+    return fs, [(root, posixpath.basename(root))]
+
+
+def _line_offsets(fs, path: str, shard_rows: int) -> tuple[int, tuple[int, ...]]:
+    """Count non-blank lines; note the byte offset where every shard_rows-th row starts."""
+    rows, pos, offsets = 0, 0, []
+    with fs.open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                if rows % shard_rows == 0:
+                    offsets.append(pos)
+                rows += 1
+            pos += len(line)
+    return rows, tuple(offsets)
+
+
+def _read_whole(fs, path: str, fmt: str) -> pa.Table:
+    with fs.open(path, "rb") as fh:
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            return pacsv.read_csv(fh)
+        if fmt == "json":
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path} is not valid JSON: {exc}") from None
+            if not isinstance(data, list):
+                raise InputError(f"{path} must hold a JSON array of objects (or use .jsonl)")
+            return pa.Table.from_pylist(data)
+    raise AssertionError(fmt)
+
+
+def describe_files(path: str, declared: str, shard_rows: int) -> list[InputFile]:
+    fs, entries = list_files(path, declared)
+    files = []
+    for p, rel in entries:
+        fmt = file_format(p, declared)
+        info = fs.info(p)
+        mtime = str(info.get("mtime") or info.get("LastModified") or info.get("updated") or "")
+        offsets: tuple[int, ...] = ()
+        if fmt in LINE_FORMATS:
+            rows, offsets = _line_offsets(fs, p, shard_rows)
+        elif fmt == "parquet":
+            with fs.open(p, "rb") as fh:
+                rows = pq.ParquetFile(fh).metadata.num_rows
+        else:
+            rows = _read_whole(fs, p, fmt).num_rows
+        files.append(InputFile(p, rel, int(info.get("size") or 0), mtime, rows, offsets))
+    if not any(f.rows for f in files):
+        raise InputError(f"input {path!r} has no rows")
+    return files
+
+
+def _proto(path: str) -> str:
+    return path  # fsspec.url_to_fs strips the protocol for local paths only
+
+
+def read_shard(shard: Shard, declared: str, fs_url: str) -> list[dict[str, Any]]:
+    """The rows of one shard, each with `_line` (0-based row index in its file).
+
+    A jsonl line that is not a JSON object becomes a row with `_input_error` set, so it is
+    recorded with its error instead of failing the shard or being dropped.
+    """
+    fs, _ = fsspec.core.url_to_fs(fs_url)
+    fmt = file_format(shard.path, declared)
+    rows: list[dict[str, Any]] = []
+    if fmt in LINE_FORMATS:
+        with fs.open(shard.path, "rb") as fh:
+            fh.seek(shard.offset)
+            index = shard.start
+            for line in fh:
+                if index >= shard.stop:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise ValueError(f"a JSON {type(row).__name__}, not an object")
+                except ValueError as exc:
+                    row = {"_input_error": f"line {index + 1} of {shard.rel} is not a JSON object: {exc}",
+                           "_raw": line.decode("utf-8", "replace")[:2000]}
+                row["_line"] = index
+                rows.append(row)
+                index += 1
+        return rows
+    if fmt == "parquet":
+        with fs.open(shard.path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            table = _parquet_range(pf, shard.start, shard.stop)
+    else:
+        table = _read_whole(fs, shard.path, fmt).slice(shard.start, shard.rows)
+    for k, row in enumerate(table.to_pylist()):
+        row["_line"] = shard.start + k
+        rows.append(row)
+    return rows
+
+
+def _parquet_range(pf: pq.ParquetFile, start: int, stop: int) -> pa.Table:
+    groups, first_row, pos = [], None, 0
+    for g in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(g).num_rows
+        if pos + n > start and pos < stop:
+            groups.append(g)
+            if first_row is None:
+                first_row = pos
+        pos += n
+    table = pf.read_row_groups(groups)
+    return table.slice(start - (first_row or 0), stop - start)
+
+
+def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
+    """The first rows of the first file, to check columns at plan time."""
+    fs, entries = list_files(path, declared)
+    p, rel = entries[0]
+    fmt = file_format(p, declared)
+    shard = Shard(0, p, rel, 0, n, 0, "")
+    if fmt not in LINE_FORMATS:
+        with fs.open(p, "rb") as fh:
+            table = (pq.ParquetFile(fh).read_row_groups([0]) if fmt == "parquet" else None)
+        if table is None:
+            table = _read_whole(fs, p, fmt)
+        return table.slice(0, n).to_pylist()
+    return [r for r in read_shard(shard, declared, p) if "_input_error" not in r]
+
+
+def iter_jsonl(fs, path: str) -> Iterator[dict]:
+    with fs.open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write) -> None:
+    """Write to `path` through a temporary name, renamed into place when complete."""
+    tmp = f"{posixpath.dirname(path)}/.tmp-{posixpath.basename(path)}"
+    with fs.open(tmp, "wb") as fh:
+        write(fh)
+        if hasattr(fh, "flush"):
+            fh.flush()
+        if hasattr(fh, "fileno"):
+            try:
+                os.fsync(fh.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+    fs.mv(tmp, path)
+
+
+def write_table(fs, path: str, table: pa.Table, fmt: str) -> None:
+    def _write(fh):
+        if fmt == "parquet":
+            pq.write_table(table, fh)
+        else:
+            for row in table.to_pylist():
+                fh.write((json.dumps(row, ensure_ascii=False, default=str) + "\n").encode())
+
+    write_atomic(fs, path, _write)

@@ -1,0 +1,1 @@
+"""Cluster bootstrap and Kubernetes manifests."""

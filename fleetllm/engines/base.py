@@ -1,0 +1,133 @@
+"""The one Engine interface that batch/ and serve/ see.
+
+An engine takes a list of requests (chat messages or a raw prompt, plus sampling parameters) and
+returns one result per request, in order. A request that cannot be served (prompt too long, bad
+sampling value) yields a result with `error` set; the others complete. Engine modules import their
+heavy dependencies inside `start`, so importing fleetllm stays light.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fleetllm.errors import PlanError, RowError
+
+# Sampling keys every engine understands; anything else is engine-specific and passed through.
+COMMON_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs")
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.messages is None and self.prompt is None:
+            raise RowError("the row has neither `messages` nor `prompt`; give one of them")
+
+
+@dataclass
+class Completion:
+    text: str
+    num_generated_tokens: int
+    finish_reason: str  # "stop" | "length"
+    index: int = 0
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class GenerationResult:
+    completions: list[Completion] = field(default_factory=list)
+    num_input_tokens: int = 0
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, error: str, num_input_tokens: int = 0) -> "GenerationResult":
+        return cls(completions=[], num_input_tokens=num_input_tokens, error=error)
+
+    @property
+    def text(self) -> str | None:
+        return self.completions[0].text if self.completions else None
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(c.num_generated_tokens for c in self.completions)
+
+
+@dataclass
+class StreamDelta:
+    """One step of a streamed completion (serving)."""
+
+    index: int
+    text: str
+    num_generated_tokens: int
+    finish_reason: str | None = None
+    num_input_tokens: int = 0
+
+
+def clean_sampling(sampling: dict[str, Any] | None) -> dict[str, Any]:
+    """Drop unset (None) values: Arrow struct columns fill absent keys with nulls."""
+    return {k: v for k, v in (sampling or {}).items() if v is not None}
+
+
+class Engine(abc.ABC):
+    """Base of the engines. Subclasses implement start, generate and stop."""
+
+    name: str = "base"
+
+    def __init__(
+        self,
+        model_path: str,
+        engine_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.model_path = model_path
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Load the model. Called once per replica."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Serve a batch; one result per request, in order."""
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Stream one request's completions (serving). Engines that serve override it."""
+        raise NotImplementedError(f"the {self.name} engine does not stream")
+        yield  # pragma: no cover
+
+    def stop(self) -> None:
+        """Release the model."""
+
+    @property
+    def version(self) -> str:
+        return "unknown"
+
+    @property
+    def max_model_len(self) -> int | None:
+        return None
+
+
+ENGINES = {
+    "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",
+    "vllm": "fleetllm.engines.vllm_engine:VLLMEngine",
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in ENGINES:
+        raise PlanError(f"unknown engine {name!r}; choose one of {sorted(ENGINES)}")
+    module_name, _, attr = ENGINES[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def create_engine(name: str, model_path: str, **kwargs: Any) -> Engine:
+    return engine_class(name)(model_path, **kwargs)

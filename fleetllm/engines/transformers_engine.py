@@ -1,0 +1,221 @@
+"""The Hugging Face transformers engine: runs anywhere torch runs (laptop CPU, CI, a GPU without vLLM).
+
+Batches use padded `generate` (left padding, rows sorted by length, rows with equal sampling
+settings generated together): measured faster than transformers' continuous batching on this CPU
+and on an H200 (benchmarks/NOTES.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from fleetllm.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    clean_sampling,
+)
+from fleetllm.engines.chat import render_prompt
+from fleetllm.errors import EngineError
+
+# engine_kwargs this engine reads itself; the rest go to from_pretrained.
+OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens")
+# engine-specific sampling keys mapped onto generate() arguments.
+SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty"}
+SUPPORTED_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs",
+                      "ignore_eos", *SAMPLING_MAP}
+
+
+class TransformersEngine(Engine):
+    name = "transformers"
+
+    def start(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kwargs = dict(self.engine_kwargs)
+        own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
+        device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+        threads = own.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
+        if device == "cpu" and threads:
+            torch.set_num_threads(int(threads))
+        dtype_name = own.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
+        dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
+        if not isinstance(dtype, torch.dtype):
+            raise EngineError(f"engine_kwargs.dtype {dtype_name!r} is not a torch dtype; use float32, bfloat16 or float16")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **kwargs).to(device)
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"transformers could not load {self.model_path!r}: {exc}") from exc
+        self.model.eval()
+        self.device = device
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        context = getattr(self.model.config, "max_position_embeddings", None) or 2048
+        self._max_model_len = int(own.get("max_model_len") or context)
+        self._torch = torch
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> str:
+        import transformers
+
+        return transformers.__version__
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._max_model_len
+
+    def stop(self) -> None:
+        self.model = None
+        self.tokenizer = None
+
+    # --- batch generation -------------------------------------------------------------------
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
+        return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * len(requests)
+        groups: dict[tuple, list[tuple[int, list[int], dict[str, Any]]]] = {}
+        for i, req in enumerate(requests):
+            sampling = clean_sampling(req.sampling)
+            unknown = sorted(set(sampling) - SUPPORTED_SAMPLING)
+            if unknown:
+                results[i] = GenerationResult.failed(
+                    f"sampling option(s) {unknown} are not supported by the transformers engine; "
+                    f"supported: {sorted(SUPPORTED_SAMPLING)} (use engine: vllm for the others)")
+                continue
+            try:
+                ids = self.tokenize(req)
+            except Exception as exc:  # a bad chat template or message shape fails this row only
+                results[i] = GenerationResult.failed(f"could not build the prompt: {exc}")
+                continue
+            max_tokens = int(sampling.get("max_tokens", 256))
+            if len(ids) == 0:
+                results[i] = GenerationResult.failed("the prompt is empty")
+                continue
+            if len(ids) + 1 > self._max_model_len:
+                results[i] = GenerationResult.failed(
+                    f"prompt is {len(ids)} tokens; the model's context is {self._max_model_len} tokens "
+                    "(max_model_len): shorten the prompt", num_input_tokens=len(ids))
+                continue
+            key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
+            groups.setdefault(key, []).append((i, ids, {**sampling, "max_tokens": max_tokens}))
+        with self._lock:
+            for members in groups.values():
+                members.sort(key=lambda m: len(m[1]))
+                for chunk in self._chunks(members):
+                    for (i, ids, sampling), res in zip(chunk, self._generate_group(chunk)):
+                        results[i] = res
+        return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
+
+    def _chunks(self, members):
+        """Split a group so that padded prompt+generation tokens stay under max_batch_tokens."""
+        budget = int(self.engine_kwargs.get("max_batch_tokens", 1 << 62))
+        chunk: list = []
+        for m in members:
+            longest = max([len(x[1]) + x[2]["max_tokens"] for x in chunk + [m]])
+            if chunk and longest * (len(chunk) + 1) > budget:
+                yield chunk
+                chunk = []
+            chunk.append(m)
+        if chunk:
+            yield chunk
+
+    def _generate_group(self, chunk) -> list[GenerationResult]:
+        torch = self._torch
+        tok = self.tokenizer
+        sampling = chunk[0][2]
+        n = int(sampling.get("n", 1))
+        # each row keeps its own max_tokens, capped so prompt+output fits the context
+        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s in chunk]
+        max_new = max(limits)
+        batch = tok.pad({"input_ids": [ids for _, ids, _ in chunk]}, return_tensors="pt").to(self.device)
+        temperature = float(sampling.get("temperature", 0.0))
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=max_new,
+            pad_token_id=tok.pad_token_id,
+            num_return_sequences=n,
+            return_dict_in_generate=True,
+            output_scores=sampling.get("logprobs") is not None,
+        )
+        if temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=temperature,
+                              top_p=float(sampling.get("top_p", 1.0)), top_k=int(sampling.get("top_k") or 0))
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if sampling.get("stop"):
+            gen_kwargs.update(stop_strings=list(sampling["stop"]), tokenizer=tok)
+        for key, target in SAMPLING_MAP.items():
+            if key in sampling:
+                gen_kwargs[target] = sampling[key]
+        eos_ids = self._eos_ids()
+        if sampling.get("ignore_eos"):
+            gen_kwargs["eos_token_id"] = None
+            eos_ids = set()
+        if sampling.get("seed") is not None:
+            torch.manual_seed(int(sampling["seed"]))
+        with torch.inference_mode():
+            out = self.model.generate(**batch, **gen_kwargs)
+        sequences = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
+        results = []
+        for row, (_, ids, row_sampling) in enumerate(chunk):
+            completions = []
+            for j in range(n):
+                tokens = sequences[row * n + j]
+                completions.append(self._completion(tokens, limits[row], eos_ids, row_sampling, j,
+                                                    out.scores if gen_kwargs["output_scores"] else None,
+                                                    row * n + j))
+            results.append(GenerationResult(completions=completions, num_input_tokens=len(ids)))
+        return results
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, list) else [eos])
+
+    def _completion(self, tokens, limit, eos_ids, sampling, index, scores, seq_row) -> Completion:
+        pad = self.tokenizer.pad_token_id
+        finish = "length"
+        kept: list[int] = []
+        for t in tokens[:limit]:
+            if t in eos_ids:
+                finish = "stop"
+                break
+            kept.append(t)
+        if finish == "length" and len(kept) < limit and kept[-1:] == [pad]:
+            finish = "stop"  # stopped by a stop string, then padded
+        while kept and kept[-1] == pad and pad not in eos_ids and finish == "stop":
+            kept.pop()
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        for s in sampling.get("stop") or []:
+            cut = text.find(s)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+        logprobs = None
+        if scores is not None:
+            logprobs = self._logprobs(scores, seq_row, kept, int(sampling["logprobs"]))
+        return Completion(text=text, num_generated_tokens=len(kept), finish_reason=finish,
+                          index=index, logprobs=logprobs)
+
+    def _logprobs(self, scores, seq_row, kept, top) -> list[dict[str, Any]]:
+        torch = self._torch
+        entries = []
+        for step, token in enumerate(kept):
+            logp = torch.log_softmax(scores[step][seq_row].float(), dim=-1)
+            entry = {"token": self.tokenizer.decode([token]), "logprob": float(logp[token])}
+            if top:
+                values, ids = torch.topk(logp, top)
+                entry["top_logprobs"] = [
+                    {"token": self.tokenizer.decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)
+                ]
+            entries.append(entry)
+        return entries

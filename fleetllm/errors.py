@@ -1,0 +1,29 @@
+"""Exception types. User-facing errors name the problem and the fix."""
+
+
+class FleetError(Exception):
+    """Base of fleetllm's errors: the message is meant for the user as it is."""
+
+
+class SpecError(FleetError):
+    """A spec file or config object is invalid."""
+
+
+class InputError(FleetError):
+    """The input data is missing or does not fit the spec."""
+
+
+class PlanError(FleetError):
+    """The job cannot be planned: resources, engine availability, output folder."""
+
+
+class ModelError(FleetError):
+    """A model cannot be found, fetched or converted."""
+
+
+class EngineError(FleetError):
+    """The engine failed as a whole (fatal for the replica)."""
+
+
+class RowError(FleetError):
+    """One request cannot be served (recoverable: recorded on the row, the others go on)."""

@@ -1,0 +1,1 @@
+"""ai_query: datasets against OpenAI-compatible endpoints with AIMD concurrency."""

@@ -1,0 +1,205 @@
+"""Job specs: strict pydantic models, loaded from YAML with a safe loader.
+
+The CLI, the Python API and the YAML file are three faces of these models. Every field carries a
+description; unknown fields are refused with their path.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetllm.errors import SpecError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(StrictModel):
+    source: str = Field(
+        DEFAULT_MODEL,
+        description="Model alias (see `fleetllm models list`), a local folder, or a Hugging Face id.",
+    )
+    engine: Literal["transformers", "vllm", "auto"] = Field(
+        "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is usable)."
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the engine unchanged."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the tokenizer's chat template, e.g. {enable_thinking: false}.",
+    )
+    revision: str | None = Field(None, description="Hub revision (commit, tag or branch) of a hub id.")
+
+
+class InputSpec(StrictModel):
+    path: str = Field(..., description="A file or folder, local or an fsspec URL (s3://, gs://, ...).")
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "openai_batch"] = Field(
+        "auto", description="Input format; auto picks it from the file extension."
+    )
+    id_column: str | None = Field(
+        None, description="Column holding a stable row id; default: derived from file and position."
+    )
+    limit: int | None = Field(None, ge=1, description="Read only the first N rows (for trials).")
+
+
+class PromptSpec(StrictModel):
+    system: str | None = Field(None, description="System message prepended to every conversation.")
+    template: str | None = Field(
+        None,
+        description="User message formatted from the row's columns, e.g. '{instruction}'. "
+        "Leave empty when rows carry their own `messages` (or `prompt`) column.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _template_parses(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            fields = template_fields(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"prompt.template {value!r} is not a valid format string ({exc}); "
+                "write columns as {column} and literal braces as {{ and }}"
+            ) from None
+        if not value.strip():
+            raise ValueError("prompt.template is empty; give a template such as '{instruction}'")
+        del fields
+        return value
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a template refers to, in order, without duplicates."""
+    names: list[str] = []
+    for _, field_name, _, _ in string.Formatter().parse(template):
+        if field_name is None:
+            continue
+        root = field_name.split(".")[0].split("[")[0]
+        if not root or root.isdigit():
+            raise ValueError(f"positional field {{{field_name}}}; name a column instead")
+        if root not in names:
+            names.append(root)
+    return names
+
+
+class SamplingSpec(StrictModel):
+    max_tokens: int = Field(256, ge=1, description="Most tokens to generate per completion.")
+    temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
+    top_k: int | None = Field(None, ge=1, description="Sample from the k most likely tokens only.")
+    stop: list[str] | None = Field(None, description="Stop strings; the text ends before them.")
+    seed: int | None = Field(None, description="Random seed for reproducible sampling.")
+    n: int = Field(1, ge=1, description="Completions per row (one output row each, with `index`).")
+    logprobs: int | None = Field(None, ge=0, description="Return this many top log-probabilities.")
+    extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine-specific sampling options passed unchanged (vLLM: ignore_eos, min_tokens, ...).",
+    )
+
+    def as_params(self) -> dict[str, Any]:
+        """The per-row `sampling_params` dict the engines read."""
+        params = self.model_dump(exclude={"extra"}, exclude_none=True)
+        params.update(self.extra)
+        return params
+
+
+class OutputSpec(StrictModel):
+    path: str = Field(..., description="Output folder: data files, manifest and run.json.")
+    format: Literal["parquet", "jsonl", "openai_batch"] = Field("parquet", description="Data file format.")
+    shard_rows: int = Field(1000, ge=1, description="Rows per shard, the unit of commit and resume.")
+
+
+class WaitFor(StrictModel):
+    gpus: int | None = Field(None, ge=1, description="Wait until the cluster has this many GPUs.")
+    cpus: int | None = Field(None, ge=1, description="Wait until the cluster has this many CPUs.")
+
+
+class ComputeSpec(StrictModel):
+    replicas: int | Literal["auto"] = Field(1, description="Engine replicas, or auto (as many as fit).")
+    batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica (CPU engines).")
+    gpus_per_replica: float | None = Field(
+        None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM, 0 otherwise."
+    )
+    max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
+    wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
+    wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"compute.replicas is {value}; use a whole number >= 1 or 'auto'")
+        return value
+
+
+class ClusterSpec(StrictModel):
+    address: str | None = Field(
+        None, description="Ray cluster address (host:port or 'auto'); default: $RAY_ADDRESS, else a local Ray."
+    )
+
+
+class JobSpec(StrictModel):
+    name: str = Field("job", description="Job name, used in reports.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Which model and engine.")
+    input: InputSpec = Field(..., description="Where the rows come from.")
+    prompt: PromptSpec = Field(default_factory=PromptSpec, description="How a row becomes a conversation.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Generation settings.")
+    output: OutputSpec = Field(..., description="Where the results go.")
+    compute: ComputeSpec = Field(default_factory=ComputeSpec, description="Replicas and batching.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+
+    @model_validator(mode="after")
+    def _openai_batch_pairs(self) -> "JobSpec":
+        if self.input.format == "openai_batch" and self.prompt.template:
+            raise ValueError(
+                "input.format openai_batch carries its own messages; remove prompt.template"
+            )
+        return self
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"spec file {str(path)!r} does not exist; check the path")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a YAML mapping (key: value lines), got {type(data).__name__}")
+    return data
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s) in the spec"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown field; remove it or check its spelling")
+        elif err["type"] == "missing":
+            lines.append(f"  {where}: required field is missing")
+        else:
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_spec(model: type[BaseModel], data: dict[str, Any], source: str = "spec"):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, source)) from None
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Load and validate a job YAML file; relative input paths stay relative to the cwd."""
+    return parse_spec(JobSpec, load_yaml(path), str(path))

@@ -1,0 +1,1 @@
+"""Test tools shipped with fleetllm: tiny random-weight models and test servers."""

@@ -1,0 +1,5 @@
+import sys
+
+from fleetllm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""`fleetllm run JOB.yaml`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a batch job over a dataset",
+                       description="Run a batch job: stream the input through engine replicas into files.")
+    p.add_argument("job", help="the job's YAML file")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
+    p.add_argument("--overwrite", action="store_true",
+                   help="recompute everything, replacing what fleetllm wrote in the output folder")
+    p.add_argument("--max-error-rate", type=float, default=0.0,
+                   help="the run fails (exit 1) when more than this share of rows failed (default 0)")
+    p.set_defaults(handler=run_command)
+
+
+def run_command(args) -> int:
+    from rich.console import Console
+
+    from fleetllm.batch.runner import run_job
+    from fleetllm.spec import load_job_spec
+
+    spec = load_job_spec(args.job)
+    console = Console(stderr=True)
+    report = run_job(spec, overwrite=args.overwrite, dry_run=args.dry_run,
+                     max_error_rate=args.max_error_rate, console=console)
+    if report.get("dry_run"):
+        return 0
+    print(f"Wrote {report['rows']} rows to {spec.output.path}"
+          f" ({report['rows_computed']} computed, {report['rows_skipped']} resumed, {report['errors']} errors;"
+          f" {report['output_tokens_per_s']} output tokens/s)")
+    if not report["ok"]:
+        print(f"error: {report['errors']} of {report['rows']} rows failed ({report['error_rate']:.1%}), "
+              f"above --max-error-rate {args.max_error_rate}; see the `error` column")
+        return 1
+    return 0

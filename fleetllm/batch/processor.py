@@ -1,0 +1,103 @@
+"""The Python processor API, in the shape of `ray.data.llm`: a Ray user changes one import.
+
+Example (runs as it is, on the embedded model)::
+
+    import ray
+    from fleetllm import build_processor, TransformersEngineProcessorConfig
+
+    config = TransformersEngineProcessorConfig(model_source="smollm2-135m-instruct", concurrency=1, batch_size=16)
+    processor = build_processor(
+        config,
+        preprocess=lambda row: dict(
+            messages=[{"role": "user", "content": row["instruction"]}],
+            sampling_params=dict(temperature=0.0, max_tokens=32),
+        ),
+        postprocess=lambda row: dict(answer=row["generated_text"], **row),
+    )
+    ds = processor(ray.data.from_items([{"instruction": "What is the capital of France?"}]))
+    ds.write_parquet("out/answers")
+
+Rows enter the engine stage with `messages` (or `prompt`) and `sampling_params`, and reach
+postprocess with every input column plus `generated_text`, `num_input_tokens`,
+`num_generated_tokens`, `finish_reason`, `error` and `attempts`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Row = dict[str, Any]
+
+
+class _ProcessorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model_source: str = Field(..., description="Model alias, local folder, or Hugging Face id.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the engine unchanged.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Chat template variables.")
+    concurrency: int = Field(1, ge=1, description="Engine replicas (actors), each loading the model once.")
+    batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica.")
+    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
+    engine: str = "transformers"
+
+
+class TransformersEngineProcessorConfig(_ProcessorConfig):
+    """Hugging Face transformers engine: runs anywhere torch runs."""
+
+    engine: Literal["transformers"] = "transformers"
+
+
+class vLLMEngineProcessorConfig(_ProcessorConfig):  # noqa: N801 - the name ray.data.llm uses
+    """vLLM engine; a replica uses tensor_parallel_size x pipeline_parallel_size GPUs."""
+
+    engine: Literal["vllm"] = "vllm"
+
+
+class Processor:
+    """preprocess -> engine stage (an actor pool of replicas) -> postprocess, over a Ray Dataset."""
+
+    def __init__(self, config: _ProcessorConfig, preprocess: Callable[[Row], Row] | None = None,
+                 postprocess: Callable[[Row], Row] | None = None) -> None:
+        from fleetllm import models
+
+        self.config = config
+        self.preprocess = preprocess
+        self.postprocess = postprocess
+        self.model_path = models.resolve(config.model_source).path
+
+    def __call__(self, ds):
+        import ray
+
+        from fleetllm.batch.stages import EngineStage
+
+        c = self.config
+        if self.preprocess is not None:
+            pre = self.preprocess
+            ds = ds.map(lambda row: {**row, **pre(row)})
+        ds = ds.map_batches(
+            EngineStage,
+            fn_constructor_kwargs=dict(engine_name=c.engine, model_path=self.model_path,
+                                       engine_kwargs=c.engine_kwargs, chat_template_kwargs=c.chat_template_kwargs,
+                                       max_retries=c.max_retries),
+            batch_size=c.batch_size, batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=c.concurrency),
+            num_cpus=c.cpus_per_replica, num_gpus=c.gpus_per_replica or None,
+            max_restarts=-1, max_task_retries=-1,
+        )
+        post = self.postprocess
+        return ds.map(lambda row: _drop_internal(post(row) if post else row))
+
+
+def _drop_internal(row: Row) -> Row:
+    row.pop("_node", None)
+    return row
+
+
+def build_processor(config: _ProcessorConfig, preprocess: Callable[[Row], Row] | None = None,
+                    postprocess: Callable[[Row], Row] | None = None) -> Processor:
+    """Build a processor: a callable taking and returning a Ray Dataset."""
+    return Processor(config, preprocess, postprocess)

@@ -1,0 +1,68 @@
+"""Live progress of a batch job: rows done/total, rows/s, output tokens/s, ETA.
+
+On a terminal a rich progress bar; elsewhere (CI, logs, a subprocess) one plain line every
+`interval_s` seconds, so a long job still shows it is alive.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+class JobProgress:
+    def __init__(self, total_rows: int, skipped_rows: int = 0, label: str = "rows",
+                 interval_s: float = 10.0, console: Console | None = None) -> None:
+        self.total = total_rows
+        self.skipped = skipped_rows
+        self.done = 0  # rows computed in this run
+        self.output_tokens = 0
+        self.errors = 0
+        self.start = time.monotonic()
+        self.interval_s = interval_s
+        self._last_line = self.start
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self._progress = None
+        if self.live:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=self.console,
+            )
+            self._task = self._progress.add_task(label, total=total_rows, completed=skipped_rows,
+                                                 rate=self._rates())
+            self._progress.start()
+        if skipped_rows:
+            self.console.print(f"resuming: {skipped_rows} rows already committed are skipped")
+
+    def _rates(self) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        return (f"{self.done / elapsed:.1f} rows/s  {self.output_tokens / elapsed:.0f} tok/s"
+                + (f"  {self.errors} errors" if self.errors else ""))
+
+    def advance(self, rows: int, output_tokens: int, errors: int = 0) -> None:
+        self.done += rows
+        self.output_tokens += output_tokens
+        self.errors += errors
+        if self._progress is not None:
+            self._progress.update(self._task, advance=rows, rate=self._rates())
+        elif time.monotonic() - self._last_line >= self.interval_s:
+            self._last_line = time.monotonic()
+            self.console.print(self.line())
+
+    def line(self) -> str:
+        finished = self.done + self.skipped
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        rate = self.done / elapsed
+        eta = (self.total - finished) / rate if rate > 0 else float("nan")
+        return f"{finished}/{self.total} rows  {self._rates()}  ETA {eta:.0f}s"
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        else:
+            self.console.print(self.line())
+        sys.stderr.flush()

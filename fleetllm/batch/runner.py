@@ -1,0 +1,336 @@
+"""`fleetllm run`: plan, stream the shards through engine replicas on Ray Data, commit, report.
+
+    plan (files -> shards) -> skip committed shards -> Ray Data:
+        from_items(shards) -> flat_map(read shard) -> map(preprocess) -> map_batches(EngineStage, replicas)
+    -> the driver iterates the stream, groups rows by shard, commits each complete shard atomically.
+
+The driver never holds more than the shards in flight; the manifest makes the job resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rich.console import Console
+
+from fleetllm import __version__
+from fleetllm.batch import io as bio
+from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
+from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
+from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
+from fleetllm.batch.progress import JobProgress
+from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
+from fleetllm.batch.writers import shard_writer
+from fleetllm.errors import InputError, PlanError
+from fleetllm.spec import JobSpec, template_fields
+
+
+@dataclass
+class JobPlan:
+    spec: JobSpec
+    engine: str
+    engine_reason: str
+    model: Any  # models.ResolvedModel
+    shards: list[Shard]
+    pending: list[Shard]
+    committed: dict[int, ManifestEntry]
+    fingerprint: str
+    parts: dict[str, Any]
+    engine_kwargs: dict[str, Any]
+    replicas: int
+    resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def skipped_rows(self) -> int:
+        return sum(self.committed[s].rows for s in self.committed)
+
+    def describe(self) -> list[str]:
+        s = self.spec
+        return [
+            f"job        {s.name}",
+            f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
+            f"engine     {self.engine} ({self.engine_reason})",
+            f"replicas   {self.replicas} x {self.resources}",
+            f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
+            f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
+            f"output     {s.output.path} ({s.output.format})",
+            f"sampling   {s.sampling.as_params()}",
+        ]
+
+
+def choose_engine(requested: str) -> tuple[str, str]:
+    from fleetllm.batch.resources import choose_engine as _choose
+
+    return _choose(requested)
+
+
+def check_columns(spec: JobSpec) -> None:
+    """Fail at plan time when the rows lack what the prompt needs; name what is there."""
+    if spec.input.format == "openai_batch":
+        return
+    rows = bio.peek_rows(spec.input.path, spec.input.format)
+    if not rows:
+        return
+    present = sorted({k for r in rows for k in r if not k.startswith("_")})
+    if spec.prompt.template:
+        missing = [c for c in template_fields(spec.prompt.template) if c not in present]
+        if missing:
+            raise InputError(
+                f"prompt.template {spec.prompt.template!r} uses column(s) {missing} that the input rows "
+                f"lack; columns present: {present}")
+    elif "messages" not in present and "prompt" not in present:
+        raise InputError(
+            f"the input rows have no `messages` or `prompt` column and the job has no prompt.template; "
+            f"columns present: {present}. Add prompt.template, e.g. '{{{present[0] if present else 'text'}}}'")
+    if spec.input.id_column and spec.input.id_column not in present:
+        raise InputError(f"input.id_column {spec.input.id_column!r} is not a column; columns present: {present}")
+
+
+def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
+             preprocess: Callable | None = None) -> JobPlan:
+    from fleetllm import models
+    from fleetllm.batch.resources import plan_replicas_for_spec
+
+    engine, reason = choose_engine(spec.model.engine)
+    model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run) \
+        if not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)) \
+        else models.ResolvedModel(spec.model.source, "embedded", str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+    files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
+    shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
+    check_columns(spec)
+    engine_kwargs = dict(spec.model.engine_kwargs)
+    parts = fingerprint_parts(
+        model=model, engine=engine, engine_kwargs=engine_kwargs, sampling=spec.sampling.as_params(),
+        prompt={"system": spec.prompt.system, "template": spec.prompt.template,
+                "input_format": spec.input.format, "id_column": spec.input.id_column},
+        chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
+        preprocess=preprocess)
+    fp = fingerprint(parts)
+    out = OutputFolder(spec.output.path, spec.output.format)
+    if dry_run:
+        existing = out.read_job()
+        same = existing is not None and existing.get("fingerprint") == fp
+        pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
+    else:
+        out.prepare(fp, parts, overwrite)
+        pending, committed = out.pending(shards, fp)
+    replicas, resources = plan_replicas_for_spec(spec, engine, connect=not dry_run)
+    return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
+                   replicas, resources)
+
+
+def init_ray(address: str | None, min_cpus: float = 1) -> None:
+    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    else:
+        cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1  # +1: room for the read/prepare tasks
+        ray.init(address="local", num_cpus=cpus, **quiet)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    ctx.verbose_progress = False
+
+
+def _read_shard_rows(item: dict[str, Any], declared: str) -> list[dict[str, Any]]:
+    shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
+    rows = bio.read_shard(shard, declared, shard.path)
+    for row in rows:
+        row["_shard"] = shard.shard_id
+        row["_file"] = shard.rel
+        if declared == "openai_batch" and "body" in row and not isinstance(row["body"], str):
+            row["body"] = json.dumps(row["body"])  # bodies differ in shape: keep them as text in Arrow
+    return rows
+
+
+def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
+    import ray
+
+    spec = plan.spec
+    items = [s.to_dict() for s in plan.pending]
+    declared = spec.input.format
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
+    ds = ds.map(preprocessor, num_cpus=0.25)
+    remote = {"max_restarts": -1, "max_task_retries": -1}
+    return ds.map_batches(
+        EngineStage,
+        fn_constructor_kwargs=dict(engine_name=plan.engine, model_path=plan.model.path,
+                                   engine_kwargs=plan.engine_kwargs,
+                                   chat_template_kwargs=spec.model.chat_template_kwargs,
+                                   max_retries=spec.compute.max_retries),
+        batch_size=spec.compute.batch_size, batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=plan.replicas),
+        num_cpus=plan.resources.get("CPU", 1), num_gpus=plan.resources.get("GPU", 0) or None,
+        **remote)
+
+
+class ShardAssembler:
+    """Collect rows by shard; hand back a shard's table once all its rows have arrived."""
+
+    def __init__(self, shards: list[Shard]) -> None:
+        self.expected = {s.shard_id: s.rows for s in shards}
+        self.parts: dict[int, list] = {}
+        self.seen: dict[int, set] = {}
+
+    def add(self, table) -> list[tuple[int, Any]]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        done = []
+        shard_col = table.column("_shard")
+        for sid in pc.unique(shard_col).to_pylist():
+            part = table.filter(pc.equal(shard_col, sid))
+            lines = set(part.column("_line").to_pylist())
+            seen = self.seen.setdefault(sid, set())
+            if lines & seen:  # a retried task re-emitted rows: keep the first copy of each
+                mask = [ln not in seen for ln in part.column("_line").to_pylist()]
+                part = part.filter(pa.array(mask))
+                lines -= seen
+            seen |= lines
+            self.parts.setdefault(sid, []).append(part)
+            if len(seen) >= self.expected[sid]:
+                tables = self.parts.pop(sid)
+                self.seen.pop(sid)
+                merged = pa.concat_tables(tables, promote_options="permissive").sort_by("_line")
+                done.append((sid, merged))
+        return done
+
+
+def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
+            max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    t0 = time.time()
+    plan = plan_job(spec, overwrite=overwrite, dry_run=dry_run)
+    console.print(f"engine: {plan.engine} ({plan.engine_reason})")
+    if dry_run:
+        for line in plan.describe():
+            print(line)
+        return {"dry_run": True, "plan": plan.describe()}
+    out = OutputFolder(spec.output.path, spec.output.format)
+    out.remove_report()
+    from fleetllm.batch.resources import wait_and_check  # waits for compute.wait_for, refuses plans that cannot fit
+
+    init_ray(spec.cluster.address, plan.resources.get("CPU", 1) * plan.replicas)
+    wait_and_check(spec, plan.engine, console)
+    preprocessor = make_preprocessor(spec)
+    progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
+    totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
+    nodes: dict[int, list[str]] = {}
+    by_id = {s.shard_id: s for s in plan.pending}
+    writer = shard_writer(spec.output.format)
+    t_engine = time.time()
+    try:
+        if plan.pending:
+            ds = build_dataset(plan, preprocessor)
+            assembler = ShardAssembler(plan.pending)
+            for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+                for sid, table in assembler.add(batch):
+                    entry = _commit_shard(out, plan, by_id[sid], table, writer)
+                    nodes[sid] = entry.nodes
+                    for k in totals:
+                        totals[k] += getattr(entry, k)
+                    progress.advance(entry.rows, entry.output_tokens, entry.errors)
+    finally:
+        progress.close()
+    wall = time.time() - t0
+    report = make_report(plan, totals, wall, time.time() - t_engine, out)
+    writer.finalize(out, plan)
+    out.write_report(report)
+    rate = report["error_rate"]
+    report["ok"] = max_error_rate is None or rate <= max_error_rate
+    return report
+
+
+def make_preprocessor(spec: JobSpec) -> Callable[[dict], dict]:
+    if spec.input.format == "openai_batch":
+        from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+
+        return OpenAIBatchPreprocessor(spec.sampling.as_params())
+    return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, spec.sampling.as_params(),
+                                spec.input.id_column)
+
+
+def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) -> ManifestEntry:
+    import pyarrow.compute as pc
+
+    errors = table.num_rows - table.column("error").null_count
+    node_ids = sorted(set(table.column("_node").to_pylist())) if "_node" in table.column_names else []
+    entry = ManifestEntry(
+        shard=shard.shard_id, file=part_name(shard.shard_id, out.fmt), rows=table.num_rows, errors=errors,
+        input_tokens=int(pc.sum(table.column("num_input_tokens")).as_py() or 0),
+        output_tokens=int(pc.sum(table.column("num_generated_tokens")).as_py() or 0),
+        fingerprint=shard_fingerprint(plan.fingerprint, shard), nodes=[n for n in node_ids if n])
+    drop = [c for c in INTERNAL_COLUMNS if c in table.column_names]
+    if plan.spec.prompt.template and "messages" in table.column_names:
+        drop.append("messages")
+    data = _fixed_types(table.drop_columns(drop))
+    out.commit(entry, lambda fh: writer.write(fh, data))
+    return entry
+
+
+OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
+                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64"}
+
+
+def _fixed_types(table):
+    """Output columns get fixed types, so shards whose rows all lack a value (a null column) still
+    share one schema with the others."""
+    import pyarrow as pa
+
+    for name, typ in OUTPUT_TYPES.items():
+        if name in table.column_names:
+            i = table.column_names.index(name)
+            table = table.set_column(i, name, table.column(name).cast(pa.type_for_alias(typ)))
+    return table
+
+
+def make_report(plan: JobPlan, totals: dict[str, int], wall: float, engine_wall: float,
+                out: OutputFolder) -> dict[str, Any]:
+    import ray
+
+    committed = out.read_manifest()
+    rows_total = sum(e.rows for e in committed.values())
+    errors_total = sum(e.errors for e in committed.values())
+    nodes = sorted({n for e in committed.values() for n in e.nodes})
+    return {
+        "name": plan.spec.name,
+        "complete": len(committed) == len(plan.shards),
+        "rows": rows_total,
+        "rows_computed": totals["rows"],
+        "rows_skipped": plan.skipped_rows,
+        "shards": len(plan.shards),
+        "shards_computed": len(plan.pending),
+        "shards_skipped": len(plan.committed),
+        "errors": errors_total,
+        "error_rate": errors_total / rows_total if rows_total else 0.0,
+        "input_tokens": sum(e.input_tokens for e in committed.values()),
+        "output_tokens": sum(e.output_tokens for e in committed.values()),
+        "output_tokens_computed": totals["output_tokens"],
+        "wall_time_s": round(wall, 3),
+        "rows_per_s": round(totals["rows"] / wall, 3) if wall else None,
+        "output_tokens_per_s": round(totals["output_tokens"] / wall, 3) if wall else None,
+        "model": {"source": plan.spec.model.source, "path": plan.model.path, "kind": plan.model.kind},
+        "engine": {"name": plan.engine, "version": engine_version(plan.engine), "why": plan.engine_reason},
+        "replicas": plan.replicas,
+        "nodes": nodes,
+        "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},
+        "fingerprint": plan.fingerprint,
+        "versions": {"fleetllm": __version__, "ray": ray.__version__, "python": platform.python_version()},
+        "spec": json.loads(plan.spec.model_dump_json()),
+    }

@@ -1,0 +1,196 @@
+"""Pipeline stages: rows -> requests (preprocess), requests -> results (the engine stage).
+
+Stage inputs: a row carries either `messages` (a list of {role, content}) or `prompt` (text), and
+optionally `sampling_params` (a dict). A row whose preparation failed carries `error` and skips the
+engine; it is still written, so no row is ever dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+from fleetllm.engines.base import GenerationRequest, GenerationResult
+from fleetllm.errors import FleetError
+
+OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
+# Columns the job runner uses internally and drops before writing.
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_input_error", "_raw", "sampling_params")
+
+
+class TemplatePreprocessor:
+    """Build `messages` and `sampling_params` for a row from the job's prompt spec."""
+
+    def __init__(self, system: str | None, template: str | None, sampling: dict[str, Any],
+                 id_column: str | None = None) -> None:
+        self.system = system
+        self.template = template
+        self.sampling_json = json.dumps(sampling)
+        self.id_column = id_column
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        row = dict(row)
+        row["row_id"] = self._row_id(row)
+        row["error"] = row.pop("_input_error", None)
+        row.setdefault("sampling_params", self.sampling_json)
+        if row["error"] is not None:
+            return row
+        try:
+            if self.template is not None:
+                messages = [{"role": "user", "content": render_template(self.template, row)}]
+            elif row.get("messages") is not None:
+                messages = [dict(m) for m in row["messages"]]
+            elif row.get("prompt") is not None:
+                if not str(row["prompt"]).strip():
+                    raise FleetError("the prompt is empty")
+                return row
+            else:
+                raise FleetError("the row has no `messages` or `prompt` column and the job has no prompt.template")
+            if self.system and not any(m.get("role") == "system" for m in messages):
+                messages.insert(0, {"role": "system", "content": self.system})
+            row["messages"] = messages
+        except FleetError as exc:
+            row["error"] = str(exc)
+        return row
+
+    def _row_id(self, row: dict[str, Any]) -> str:
+        if self.id_column:
+            value = row.get(self.id_column)
+            if value is not None:
+                return str(value)
+        return f"{row.get('_file', '')}:{row['_line']}" if "_file" in row else str(row["_line"])
+
+
+def render_template(template: str, row: dict[str, Any]) -> str:
+    try:
+        text = template.format_map(_StrictRow(row))
+    except KeyError as exc:
+        present = sorted(k for k, v in row.items() if v is not None and not k.startswith("_")
+                         and k not in ("error", "row_id", "sampling_params"))
+        raise FleetError(f"prompt.template needs column {exc.args[0]!r}, which this row lacks "
+                         f"(columns present: {present})") from None
+    if not text.strip():
+        raise FleetError("the prompt is empty after formatting the template")
+    return text
+
+
+class _StrictRow(dict):
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(key)
+
+    def __getitem__(self, key: str) -> Any:
+        value = super().__getitem__(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+
+def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] | None = None) -> GenerationRequest:
+    sampling = row.get("sampling_params") or {}
+    if isinstance(sampling, str):
+        sampling = json.loads(sampling)
+    messages = row.get("messages")
+    prompt = row.get("prompt") if messages is None else None
+    return GenerationRequest(messages=messages, prompt=prompt, sampling=dict(sampling),
+                             chat_template_kwargs=dict(chat_template_kwargs or {}),
+                             request_id=str(row.get("row_id", "")))
+
+
+def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], list[GenerationResult]],
+                          requests: list[GenerationRequest], max_retries: int,
+                          sleep: Callable[[float], None] = time.sleep) -> tuple[list[GenerationResult], list[int]]:
+    """Run a batch; when the engine raises, retry the rows one by one (each up to max_retries).
+
+    Per-row errors the engine reports (prompt too long, bad sampling value) are final: retrying
+    cannot change them. Returns (results, attempts per row).
+    """
+    try:
+        return engine_generate(requests), [1] * len(requests)
+    except Exception as exc:  # the batch failed as a whole: isolate the failing rows
+        batch_error = exc
+    results, attempts = [], []
+    for req in requests:
+        error: Exception = batch_error
+        for attempt in range(1, max_retries + 1):
+            sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
+            try:
+                results.append(engine_generate([req])[0])
+                attempts.append(attempt + 1)
+                break
+            except Exception as exc:
+                error = exc
+        else:
+            results.append(GenerationResult.failed(f"engine error after {max_retries + 1} attempts: {error}"))
+            attempts.append(max_retries + 1)
+    return results, attempts
+
+
+def result_columns(result: GenerationResult, attempts: int, n: int) -> dict[str, Any]:
+    first = result.completions[0] if result.completions else None
+    cols: dict[str, Any] = {
+        "generated_text": first.text if first else None,
+        "num_input_tokens": result.num_input_tokens,
+        "num_generated_tokens": result.num_generated_tokens,
+        "finish_reason": first.finish_reason if first else None,
+        "error": result.error,
+        "attempts": attempts,
+    }
+    if n > 1:
+        cols["completions"] = [
+            {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+             "num_generated_tokens": c.num_generated_tokens} for c in result.completions
+        ]
+    if first is not None and first.logprobs is not None:
+        cols["logprobs"] = json.dumps(first.logprobs)
+    return cols
+
+
+class EngineStage:
+    """A Ray Data callable class: one engine per actor (replica), loaded once."""
+
+    def __init__(self, engine_name: str, model_path: str, engine_kwargs: dict[str, Any],
+                 chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2) -> None:
+        from fleetllm.engines import create_engine
+
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.max_retries = max_retries
+        self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
+                                    chat_template_kwargs=self.chat_template_kwargs)
+        self.engine.start()
+        try:
+            import ray
+
+            self.node_id = ray.get_runtime_context().get_node_id()
+        except Exception:
+            self.node_id = ""
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
+        todo, requests = [], []
+        for i, row in enumerate(rows):
+            if row.get("error"):
+                continue
+            try:
+                requests.append(request_from_row(row, self.chat_template_kwargs))
+                todo.append(i)
+            except (FleetError, ValueError, TypeError) as exc:
+                row["error"] = f"invalid row: {exc}"
+        results, attempts = generate_with_retries(self.engine.generate, requests, self.max_retries)
+        n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])
+        done = {i: (res, att) for i, res, att in zip(todo, results, attempts)}
+        out = []
+        for i, row in enumerate(rows):
+            if i in done:
+                res, att = done[i]
+                row.update(result_columns(res, att, n_max))
+            else:
+                row.update({"generated_text": None, "num_input_tokens": 0, "num_generated_tokens": 0,
+                            "finish_reason": None, "attempts": 0})
+                if n_max > 1:
+                    row["completions"] = []
+            row["_node"] = self.node_id
+            out.append(row)
+        return pa.Table.from_pylist(out)

@@ -86,7 +86,6 @@ class Processor:
             batch_size=c.batch_size, batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=c.concurrency),
             num_cpus=c.cpus_per_replica, num_gpus=c.gpus_per_replica or None,
-            max_restarts=-1, max_task_retries=-1,
         )
         post = self.postprocess
         return ds.map(lambda row: _drop_internal(post(row) if post else row))

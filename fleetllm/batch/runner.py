@@ -167,7 +167,8 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
-    remote = {"max_restarts": -1, "max_task_retries": -1}
+    # Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
+    # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
     return ds.map_batches(
         EngineStage,
         fn_constructor_kwargs=dict(engine_name=plan.engine, model_path=plan.model.path,
@@ -176,8 +177,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
                                    max_retries=spec.compute.max_retries),
         batch_size=spec.compute.batch_size, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=plan.replicas),
-        num_cpus=plan.resources.get("CPU", 1), num_gpus=plan.resources.get("GPU", 0) or None,
-        **remote)
+        num_cpus=plan.resources.get("CPU", 1), num_gpus=plan.resources.get("GPU", 0) or None)
 
 
 class ShardAssembler:

@@ -1,0 +1,108 @@
+"""`fleetllm run` as a subprocess: the embedded model, dry runs, and SIGKILL + resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fleetllm(*args, cwd=ROOT, **kw):
+    return subprocess.run([sys.executable, "-m", "fleetllm", *args], cwd=cwd, capture_output=True, text=True, **kw)
+
+
+def write_job(tmp_path, **over) -> Path:
+    job = {"name": "e2e", "model": {"source": "smollm2-135m-instruct", "engine": "transformers"},
+           "input": {"path": str(tmp_path / "in.jsonl"), "id_column": "id"},
+           "prompt": {"system": "You are a helpful assistant.", "template": "{instruction}"},
+           "sampling": {"max_tokens": 24, "temperature": 0.0},
+           "output": {"path": str(tmp_path / "out"), "format": "parquet"},
+           "compute": {"replicas": 1, "batch_size": 8, "cpus_per_replica": 2}}
+    for key, value in over.items():
+        job[key] = {**job[key], **value}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def read_rows(path):
+    return pads.dataset(str(path), format="parquet", exclude_invalid_files=True).to_table().to_pylist()
+
+
+def test_embedded_model_answers_paris(tmp_path):
+    rows = [{"id": "fr", "instruction": "What is the capital of France?"},
+            {"id": "h", "instruction": "Write a haiku about the sea."}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = write_job(tmp_path)
+    proc = fleetllm("run", str(job), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Wrote 2 rows to {tmp_path / 'out'}" in proc.stdout
+    out = {r["row_id"]: r for r in read_rows(tmp_path / "out")}
+    assert "Paris" in out["fr"]["generated_text"]
+    assert out["h"]["generated_text"].strip()
+    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert report["model"]["kind"] == "embedded" and report["rows"] == 2
+
+
+def test_dry_run_prints_the_plan_and_loads_nothing(tmp_path):
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "instruction": "x"}) + "\n" for i in range(7)))
+    proc = fleetllm("run", str(write_job(tmp_path)), "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "7 rows in 1 shard(s)" in proc.stdout and "engine     transformers" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_spec_gives_a_clear_error_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input: {path: x.jsonl}\noutput: {path: out}\ncompute: {replicaz: 2}\n")
+    proc = fleetllm("run", str(bad), timeout=60)
+    assert proc.returncode == 2
+    assert "compute.replicaz: unknown field" in proc.stderr and "Traceback" not in proc.stderr
+    proc = fleetllm("run", str(tmp_path / "nope.yaml"), timeout=60)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_sigkill_then_resume_is_exactly_once(tmp_path, tiny_model):
+    rows = [{"id": f"k{i:02d}", "instruction": f"Tell me about {i}."} for i in range(60)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = dict(model={"source": tiny_model}, output={"shard_rows": 5},
+                  sampling={"max_tokens": 16, "extra": {"min_tokens": 16}},
+                  compute={"batch_size": 1, "cpus_per_replica": 1})
+    job = write_job(tmp_path, **common)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetllm", "run", str(job)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if manifest.exists() and len(manifest.read_text().splitlines()) >= 6:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+            break
+        time.sleep(0.1)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    committed = len(manifest.read_text().splitlines())
+    assert 6 <= committed < 12
+
+    resumed = fleetllm("run", str(job), timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert report["rows_skipped"] == committed * 5 and report["rows_computed"] == 60 - committed * 5
+    out = read_rows(tmp_path / "out")
+    assert sorted(r["row_id"] for r in out) == [r["id"] for r in rows]
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".tmp-")]
+
+    # outputs equal an uninterrupted greedy run
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    (ref_dir / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text())
+    ref = fleetllm("run", str(write_job(ref_dir, **common)), timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = {r["row_id"]: r["generated_text"] for r in read_rows(ref_dir / "out")}
+    assert {r["row_id"]: r["generated_text"] for r in out} == reference

@@ -231,25 +231,27 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     preprocessor = make_preprocessor(spec)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
-    nodes: dict[int, list[str]] = {}
+    ready_at: list[float] = []
     by_id = {s.shard_id: s for s in plan.pending}
     writer = shard_writer(spec.output.format)
-    t_engine = time.time()
+    t_engine = time.time()  # fallback start of generation when no replica reported readiness
     try:
         if plan.pending:
             ds = build_dataset(plan, preprocessor)
             assembler = ShardAssembler(plan.pending)
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+                if not ready_at and "_ready" in batch.column_names:
+                    ready_at.append(min(batch.column("_ready").to_pylist()))
                 for sid, table in assembler.add(batch):
                     entry = _commit_shard(out, plan, by_id[sid], table, writer)
-                    nodes[sid] = entry.nodes
                     for k in totals:
                         totals[k] += getattr(entry, k)
                     progress.advance(entry.rows, entry.output_tokens, entry.errors)
     finally:
         progress.close()
     wall = time.time() - t0
-    report = make_report(plan, totals, wall, time.time() - t_engine, out)
+    generation_wall = time.time() - (ready_at[0] if ready_at else t_engine)
+    report = make_report(plan, totals, wall, generation_wall, out)
     writer.finalize(out, plan)
     out.write_report(report)
     rate = report["error_rate"]
@@ -300,7 +302,7 @@ def _fixed_types(table):
     return table
 
 
-def make_report(plan: JobPlan, totals: dict[str, int], wall: float, engine_wall: float,
+def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_wall: float,
                 out: OutputFolder) -> dict[str, Any]:
     import ray
 
@@ -325,6 +327,9 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, engine_wall:
         "wall_time_s": round(wall, 3),
         "rows_per_s": round(totals["rows"] / wall, 3) if wall else None,
         "output_tokens_per_s": round(totals["output_tokens"] / wall, 3) if wall else None,
+        "generation_wall_s": round(generation_wall, 3),
+        "output_tokens_per_s_after_engine_start":
+            round(totals["output_tokens"] / generation_wall, 3) if generation_wall > 0 else None,
         "model": {"source": plan.spec.model.source, "path": plan.model.path, "kind": plan.model.kind},
         "engine": {"name": plan.engine, "version": engine_version(plan.engine), "why": plan.engine_reason},
         "replicas": plan.replicas,

@@ -16,7 +16,7 @@ from fleetllm.errors import FleetError
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
-INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_input_error", "_raw", "sampling_params")
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_input_error", "_raw", "sampling_params")
 
 
 class TemplatePreprocessor:
@@ -158,6 +158,7 @@ class EngineStage:
         self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
                                     chat_template_kwargs=self.chat_template_kwargs)
         self.engine.start()
+        self.ready_at = time.time()  # lets the report measure throughput after engine start
         try:
             import ray
 
@@ -192,5 +193,6 @@ class EngineStage:
                 if n_max > 1:
                     row["completions"] = []
             row["_node"] = self.node_id
+            row["_ready"] = self.ready_at
             out.append(row)
         return pa.Table.from_pylist(out)

@@ -83,17 +83,26 @@ class HandleBackend:
 
         from fleetllm.serve.protocol import overloaded
 
-        gen = self.stream_handle.stream.remote(payload)
-        try:
+        gen, started, finished = None, False, False
+        try:  # Serve may refuse at .remote() (queue full) or at the first item
+            gen = self.stream_handle.stream.remote(payload)
             async for items in gen:
+                started = True
                 yield items
+            finished = True
         except BackPressureError as exc:
+            finished = True
             status = getattr(exc, "status_code", 429)
             raise overloaded(f"model {self.model_id!r} is at capacity (queue full); retry later",
                              429 if status not in (429, 503) else status,
                              getattr(exc, "retry_after_s", None) or RETRY_AFTER_S) from None
         finally:
-            gen.cancel()  # a client gone mid-stream cancels the replica's generator and the engine request
+            if gen is not None and started and not finished:
+                # the client went away mid-stream: cancel the replica's generator and the engine request
+                try:
+                    gen.cancel()
+                except Exception:  # noqa: BLE001 - already finished or failed
+                    pass
 
     async def stats(self) -> dict[str, Any]:
         return await asyncio.wait_for(self.handle.stats.remote(), STATS_TIMEOUT_S)

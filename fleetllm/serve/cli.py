@@ -27,10 +27,10 @@ def _serve(args) -> int:
         print("\n".join(plan_lines(spec, host, port)))
         return 0
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         url = run_serve(spec, host, port)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
+            signal.signal(sig, lambda *_: stop.set())
         print(f"serving {', '.join(m.model_id for m in spec.models)} at {url}  (Ctrl-C to stop)", flush=True)
         while not stop.wait(1.0):
             pass

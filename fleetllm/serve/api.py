@@ -103,9 +103,12 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     async def prometheus():
         for m, b in backends.items():
             try:
-                metrics.set_engine(m, await b.stats())
+                stats = await b.stats()
             except Exception:  # noqa: BLE001 - an unreachable model shows as unhealthy
                 metrics.set_engine(m, None)
+                continue
+            if stats is not None:  # None: replicas too busy to answer now; keep the last values
+                metrics.set_engine(m, stats)
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 

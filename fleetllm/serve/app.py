@@ -104,8 +104,14 @@ class HandleBackend:
                 except Exception:  # noqa: BLE001 - already finished or failed
                     pass
 
-    async def stats(self) -> dict[str, Any]:
-        return await asyncio.wait_for(self.handle.stats.remote(), STATS_TIMEOUT_S)
+    async def stats(self) -> dict[str, Any] | None:
+        """The sampled replica's engine counters; None when every replica is busy to its limit."""
+        from ray.serve.exceptions import BackPressureError
+
+        try:
+            return await asyncio.wait_for(self.handle.stats.remote(), STATS_TIMEOUT_S)
+        except (BackPressureError, asyncio.TimeoutError):
+            return None
 
     async def healthy(self) -> bool:
         """False when the engine is dead; a replica busy to its limit counts as alive."""

@@ -30,7 +30,7 @@ class Backend(Protocol):
 
     def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
 
-    async def stats(self) -> dict[str, Any]: ...
+    async def stats(self) -> dict[str, Any] | None: ...
 
     async def healthy(self) -> bool: ...
 
@@ -50,7 +50,11 @@ class ModelServer:
             from fleetllm.engines.base import create_engine
 
             resolved = models.resolve(config.model_loading_config.model_source)
-            engine = create_engine(config.resolved_engine(), resolved.path, engine_kwargs=config.engine_kwargs,
+            name = config.resolved_engine()
+            kwargs = dict(config.engine_kwargs)
+            if name == "transformers":  # one engine batch holds what the replica admits at once
+                kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            engine = create_engine(name, resolved.path, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             engine.start()
         self.engine = engine

@@ -88,7 +88,7 @@ class TransformersEngine(Engine):
             from fleetllm.engines.transformers_stream import StreamBatcher
 
             self._batcher = StreamBatcher(self, int(self.engine_kwargs.get("max_batch_size", 32)),
-                                          float(self.engine_kwargs.get("batch_wait_s", 0.02)))
+                                          float(self.engine_kwargs.get("batch_wait_s", 0.05)))
         return self._batcher
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:

@@ -10,7 +10,8 @@ finished rows done. A request whose consumer went away (client disconnect: the a
 closed or cancelled) is flagged; its rows are marked done at the next step, so the engine stops
 generating for it, and the whole `generate` call ends as soon as every row is done.
 
-Static batches: a request arriving while a batch runs waits for the next batch.
+Static batches: a request arriving while a batch runs waits for the next batch. Gathering waits
+`batch_wait_s` after each arrival (at most 10x that) so that a burst of clients lands in one batch.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class BatcherStats:
 class StreamBatcher:
     """Gathers concurrent streaming requests into batched `generate` calls on a background thread."""
 
-    def __init__(self, engine: "TransformersEngine", max_batch_size: int = 32, batch_wait_s: float = 0.02) -> None:
+    def __init__(self, engine: "TransformersEngine", max_batch_size: int = 32, batch_wait_s: float = 0.05) -> None:
         self.engine = engine
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_wait_s = float(batch_wait_s)
@@ -182,9 +183,10 @@ class StreamBatcher:
         if first is None:
             return None
         batch, rows = [first], first.sampling["n"]
-        deadline = time.monotonic() + self.batch_wait_s
+        # wait batch_wait_s after each arrival (requests of a burst trickle in), at most 10x that in all
+        cap = time.monotonic() + 10 * self.batch_wait_s
         while rows < self.max_batch_size:
-            timeout = deadline - time.monotonic()
+            timeout = min(self.batch_wait_s, cap - time.monotonic())
             try:
                 nxt = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             except queue.Empty:

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fleetllm.engines.base import (
     Completion,
     Engine,
     GenerationRequest,
     GenerationResult,
+    StreamDelta,
     clean_sampling,
 )
 from fleetllm.engines.chat import render_prompt
 from fleetllm.errors import EngineError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
-OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens")
+OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s")
 # engine-specific sampling keys mapped onto generate() arguments.
 SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty"}
 SUPPORTED_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs",
@@ -72,8 +73,27 @@ class TransformersEngine(Engine):
         return self._max_model_len
 
     def stop(self) -> None:
+        if getattr(self, "_batcher", None) is not None:
+            self._batcher.close()
+            self._batcher = None
         self.model = None
         self.tokenizer = None
+
+    # --- streaming (serving): concurrent requests batched together, see transformers_stream.py ---
+
+    @property
+    def batcher(self):
+        """The background batching loop behind generate_stream (started on first use)."""
+        if getattr(self, "_batcher", None) is None:
+            from fleetllm.engines.transformers_stream import StreamBatcher
+
+            self._batcher = StreamBatcher(self, int(self.engine_kwargs.get("max_batch_size", 32)),
+                                          float(self.engine_kwargs.get("batch_wait_s", 0.05)))
+        return self._batcher
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        async for delta in self.batcher.stream(request):
+            yield delta
 
     # --- batch generation -------------------------------------------------------------------
 

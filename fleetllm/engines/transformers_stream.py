@@ -1,0 +1,352 @@
+"""Streaming with batching for the transformers engine (serving).
+
+Concurrent `generate_stream` calls do not run one at a time: each call tokenizes its request and
+drops it into an inbox; one background thread gathers what is waiting (up to `max_batch_size` rows,
+waiting `batch_wait_s` for stragglers), groups rows with equal sampling settings and runs one padded
+`model.generate` per group. A per-step hook (a `StoppingCriteria`, which transformers calls once per
+decoding step with the whole `(batch, seq)` tensor) decodes each row's new token, applies stop
+strings and per-row `max_tokens`, pushes the text delta to that request's asyncio queue, and marks
+finished rows done. A request whose consumer went away (client disconnect: the async generator is
+closed or cancelled) is flagged; its rows are marked done at the next step, so the engine stops
+generating for it, and the whole `generate` call ends as soon as every row is done.
+
+Static batches: a request arriving while a batch runs waits for the next batch. Gathering waits
+`batch_wait_s` after each arrival (at most 10x that) so that a burst of clients lands in one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from fleetllm.engines.base import GenerationRequest, StreamDelta, clean_sampling
+from fleetllm.errors import EngineError, RowError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fleetllm.engines.transformers_engine import TransformersEngine
+
+# sampling keys that must be equal for rows to share one generate() call (stop and max_tokens are per row)
+BATCH_KEYS = ("temperature", "top_p", "top_k", "n", "seed", "logprobs", "ignore_eos", "min_tokens",
+              "repetition_penalty")
+_END = object()
+
+
+@dataclass
+class StreamRequest:
+    """One request waiting in or running through the batcher."""
+
+    request_id: str
+    ids: list[int]
+    sampling: dict[str, Any]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    generated: int = 0  # tokens generated for this request so far (all of its n rows)
+
+    @property
+    def key(self) -> tuple:
+        return tuple(repr(self.sampling.get(k)) for k in BATCH_KEYS)
+
+    def push(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass
+class _Row:
+    req: StreamRequest
+    index: int
+    limit: int
+    tokens: list[int] = field(default_factory=list)
+    sent: str = ""
+    done: bool = False
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class BatcherStats:
+    """Counters read by tests and /metrics."""
+
+    generated_tokens: int = 0
+    finished_requests: int = 0
+    cancelled_requests: int = 0
+    batches: int = 0
+    max_batch_rows: int = 0
+    running: int = 0
+    queued: int = 0
+
+
+class StreamBatcher:
+    """Gathers concurrent streaming requests into batched `generate` calls on a background thread."""
+
+    def __init__(self, engine: "TransformersEngine", max_batch_size: int = 32, batch_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.batch_wait_s = float(batch_wait_s)
+        self.stats = BatcherStats()
+        self._stats_lock = threading.Lock()
+        self._inbox: queue.Queue[StreamRequest | None] = queue.Queue()
+        self._ids = itertools.count()
+        self._closed = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fleetllm-stream-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def close(self) -> None:
+        self._closed = True
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # --- the caller's side (asyncio) -------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> StreamRequest:
+        """Validate and enqueue; raises RowError for a request that cannot be served."""
+        if not self.alive:
+            raise EngineError(f"the transformers streaming loop is not running ({self.error!r})")
+        from fleetllm.engines.transformers_engine import SUPPORTED_SAMPLING
+
+        sampling = clean_sampling(request.sampling)
+        unknown = sorted(set(sampling) - SUPPORTED_SAMPLING)
+        if unknown:
+            raise RowError(f"sampling option(s) {unknown} are not supported by the transformers engine; "
+                           f"supported: {sorted(SUPPORTED_SAMPLING)}")
+        try:
+            ids = self.engine.tokenize(request)
+        except RowError:
+            raise
+        except Exception as exc:  # a bad chat template or message shape
+            raise RowError(f"could not build the prompt: {exc}") from None
+        context = self.engine.max_model_len or 0
+        if not ids:
+            raise RowError("the prompt is empty")
+        if len(ids) + 1 > context:
+            raise RowError(f"prompt is {len(ids)} tokens; the model's context is {context} tokens "
+                           "(max_model_len): shorten the prompt")
+        sampling["max_tokens"] = int(sampling.get("max_tokens", 256))
+        sampling["n"] = int(sampling.get("n", 1))
+        if sampling["n"] > self.max_batch_size:
+            raise RowError(f"n={sampling['n']} exceeds the engine's max_batch_size {self.max_batch_size}")
+        req = StreamRequest(request.request_id or f"s{next(self._ids)}", ids, sampling,
+                            asyncio.get_running_loop(), asyncio.Queue())
+        with self._stats_lock:
+            self.stats.queued += 1
+        self._inbox.put(req)
+        return req
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        req = self.submit(request)
+        finished = False
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:  # the consumer went away: stop generating for this request
+                req.cancelled.set()
+
+    # --- the batching thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._closed:
+                batch = self._gather()
+                if batch is None:
+                    continue
+                groups: dict[tuple, list[StreamRequest]] = {}
+                for req in batch:
+                    groups.setdefault(req.key, []).append(req)
+                for members in groups.values():
+                    self._run_group(members)
+        except BaseException as exc:  # noqa: BLE001 - a dead loop must fail pending requests, not hang them
+            self.error = exc
+            while not self._inbox.empty():
+                req = self._inbox.get_nowait()
+                if req is not None:
+                    req.push(EngineError(f"the engine failed: {exc}"))
+
+    def _gather(self) -> list[StreamRequest] | None:
+        first = self._inbox.get()
+        if first is None:
+            return None
+        batch, rows = [first], first.sampling["n"]
+        # wait batch_wait_s after each arrival (requests of a burst trickle in), at most 10x that in all
+        cap = time.monotonic() + 10 * self.batch_wait_s
+        while rows < self.max_batch_size:
+            timeout = min(self.batch_wait_s, cap - time.monotonic())
+            try:
+                nxt = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                break
+            if rows + nxt.sampling["n"] > self.max_batch_size:
+                self._inbox.put(nxt)  # next batch
+                break
+            batch.append(nxt)
+            rows += nxt.sampling["n"]
+        live = []
+        with self._stats_lock:
+            self.stats.queued -= len(batch)
+        for req in batch:
+            if req.cancelled.is_set():
+                self.stats.cancelled_requests += 1
+                req.push(_END)
+            else:
+                live.append(req)
+        return live or None
+
+    def _run_group(self, members: list[StreamRequest]) -> None:
+        engine = self.engine
+        torch = engine._torch
+        tok = engine.tokenizer
+        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+        members.sort(key=lambda r: len(r.ids))
+        sampling = members[0].sampling
+        n = sampling["n"]
+        context = engine.max_model_len
+        rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)))
+                for req in members for j in range(n)]
+        eos_ids = set() if sampling.get("ignore_eos") else engine._eos_ids()
+        want_logprobs = sampling.get("logprobs") is not None
+        step_logprobs: list[Any] = []
+        batcher = self
+
+        class StepHook(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                new = input_ids[:, -1].tolist()
+                logp = step_logprobs.pop() if step_logprobs else None
+                for i, (row, token) in enumerate(zip(rows, new)):
+                    if not row.done:
+                        batcher._advance(row, token, eos_ids, logp[i] if logp is not None else None)
+                return torch.tensor([r.done for r in rows], dtype=torch.bool, device=input_ids.device)
+
+        class RecordLogprobs(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                step_logprobs.append(torch.log_softmax(scores.float(), dim=-1))
+                return scores
+
+        batch = tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device)
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
+            stopping_criteria=StoppingCriteriaList([StepHook()]),
+        )
+        if want_logprobs:
+            gen_kwargs["logits_processor"] = LogitsProcessorList([RecordLogprobs()])
+        temperature = float(sampling.get("temperature") or 0.0)
+        if temperature > 0:
+            gen_kwargs.update(do_sample=True, temperature=temperature, top_p=float(sampling.get("top_p", 1.0)),
+                              top_k=int(sampling.get("top_k") or 0))
+        else:
+            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if sampling.get("min_tokens"):
+            gen_kwargs["min_new_tokens"] = int(sampling["min_tokens"])
+        if sampling.get("repetition_penalty"):
+            gen_kwargs["repetition_penalty"] = float(sampling["repetition_penalty"])
+        if sampling.get("ignore_eos"):
+            gen_kwargs["eos_token_id"] = None
+        self.stats.running += len(members)
+        self.stats.batches += 1
+        self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
+        try:
+            with engine._lock, torch.inference_mode():
+                if sampling.get("seed") is not None:
+                    torch.manual_seed(int(sampling["seed"]))
+                engine.model.generate(**batch, **gen_kwargs)
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+            for req in members:
+                req.push(EngineError(f"generation failed: {exc}"))
+        finally:
+            self.stats.running -= len(members)
+        for row in rows:  # rows the loop never finished (e.g. generate stopped early)
+            if not row.done:
+                self._finish(row, "length")
+        for req in members:
+            if req.cancelled.is_set():
+                self.stats.cancelled_requests += 1
+            else:
+                self.stats.finished_requests += 1
+            req.push(_END)
+
+    # --- one row, one step ------------------------------------------------------------------
+
+    def _advance(self, row: _Row, token: int, eos_ids: set[int], logp: Any) -> None:
+        req = row.req
+        if req.cancelled.is_set():
+            row.done = True
+            return
+        if token in eos_ids:
+            self._finish(row, "stop")
+            return
+        row.tokens.append(token)
+        req.generated += 1
+        self.stats.generated_tokens += 1
+        entry = None
+        if logp is not None:
+            entry = self._logprob_entry(token, logp, int(req.sampling["logprobs"]))
+            row.logprobs.append(entry)
+        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        stops = req.sampling.get("stop") or []
+        finish = None
+        for s in stops:
+            cut = text.find(s)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+        if finish is None and len(row.tokens) >= row.limit:
+            finish = "length"
+        if finish is None:
+            safe = len(text) - _held_back(text, stops)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+                safe = min(safe, len(text) - 1)
+            text = text[:max(safe, len(row.sent))]
+        delta = text[len(row.sent):]
+        row.sent = text
+        if finish is not None:
+            row.done = True
+        req.push(StreamDelta(index=row.index, text=delta, num_generated_tokens=len(row.tokens),
+                             finish_reason=finish, num_input_tokens=len(req.ids),
+                             logprobs=[entry] if entry is not None else None))
+
+    def _finish(self, row: _Row, reason: str) -> None:
+        row.done = True
+        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        for s in row.req.sampling.get("stop") or []:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        row.req.push(StreamDelta(index=row.index, text=text[len(row.sent):], num_generated_tokens=len(row.tokens),
+                                 finish_reason=reason, num_input_tokens=len(row.req.ids)))
+        row.sent = text
+
+    def _logprob_entry(self, token: int, logp: Any, top: int) -> dict[str, Any]:
+        decode = self.engine.tokenizer.decode
+        entry: dict[str, Any] = {"token": decode([token]), "logprob": float(logp[token])}
+        if top:
+            values, ids = self.engine._torch.topk(logp, top)
+            entry["top_logprobs"] = [{"token": decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)]
+        return entry
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """How many trailing characters could still grow into a stop string (not streamed yet)."""
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                held = max(held, k)
+                break
+    return held

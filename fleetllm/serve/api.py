@@ -1,0 +1,273 @@
+"""The OpenAI-compatible HTTP API (FastAPI), over any set of `Backend`s.
+
+`make_api(backends, api_key)` returns the FastAPI app; the Ray Serve ingress (app.py) builds it in
+its replica over DeploymentHandles, and tests build it in-process over `LocalBackend`s and drive it
+through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
+GET /v1/models, GET /health, GET /metrics.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fleetllm.serve.backend import Backend, raise_item_error
+from fleetllm.serve.metrics import ServeMetrics
+from fleetllm.serve.protocol import (
+    APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+    CompletionChoice, CompletionRequest, CompletionResponse, DeltaMessage, ModelCard, ModelList,
+    ResponseMessage, Usage, chat_logprobs, completion_logprobs, new_id, validation_message,
+)
+
+
+def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: ServeMetrics | None = None):
+    """Build the FastAPI app serving `backends` (model_id -> backend)."""
+
+    app = FastAPI(title="fleetllm OpenAI-compatible API", docs_url=None, redoc_url=None)
+    metrics = metrics or ServeMetrics()
+    app.state.metrics = metrics
+    app.state.backends = backends
+
+    def error_response(exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        message, param = validation_message(exc.errors())
+        return error_response(APIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error_response(APIError(exc.status_code, str(exc.detail),
+                                       type="not_found_error" if exc.status_code == 404 else "invalid_request_error"))
+
+    def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def parse(request: Request, model_cls):
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+        if not isinstance(data, dict):
+            raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+        try:
+            return model_cls.model_validate(data)
+        except ValidationError as exc:
+            message, param = validation_message(exc.errors())
+            raise APIError(400, message, param=param) from None
+
+    def pick(model: str | None) -> tuple[str, Backend]:
+        if model is None:
+            if len(backends) == 1:
+                return next(iter(backends.items()))
+            raise APIError(400, f"`model` is required; this server serves {sorted(backends)}", param="model")
+        if model not in backends:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {sorted(backends)}",
+                           type="not_found_error", param="model", code="model_not_found")
+        return model, backends[model]
+
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        check_key(request)
+        cards = [ModelCard(id=m, max_model_len=b.max_model_len) for m, b in backends.items()]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.get("/health")
+    async def health():
+        bad = [m for m, b in backends.items() if not await _healthy(b)]
+        if bad:
+            return JSONResponse({"status": "unhealthy", "models": bad}, status_code=503)
+        return JSONResponse({"status": "ok", "models": sorted(backends)})
+
+    @app.get("/metrics")
+    async def prometheus():
+        for m, b in backends.items():
+            try:
+                stats = await b.stats()
+            except Exception:  # noqa: BLE001 - an unreachable model shows as unhealthy
+                metrics.set_engine(m, None)
+                continue
+            if stats is not None:  # None: replicas too busy to answer now; keep the last values
+                metrics.set_engine(m, stats)
+        body, ctype = metrics.render()
+        return Response(body, media_type=ctype)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await serve_request(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serve_request(request, "completions")
+
+    async def serve_request(request: Request, endpoint: str):
+        model_label = "unknown"
+        try:
+            check_key(request)
+            req = await parse(request, ChatCompletionRequest if endpoint == "chat" else CompletionRequest)
+            model_label, backend = pick(req.model)
+            payload = build_payload(req, endpoint)
+            return await run(req, endpoint, model_label, backend, payload)
+        except APIError as exc:
+            metrics.requests.labels(model_label, endpoint, str(exc.status)).inc()
+            return error_response(exc)
+
+    async def run(req, endpoint: str, model: str, backend: Backend, payload: dict[str, Any]):
+        t0 = time.monotonic()
+        stream = backend.stream(payload)
+        metrics.in_flight.labels(model).inc()
+        done = False
+        try:
+            try:
+                first = await stream.__anext__()
+            except StopAsyncIteration:
+                raise APIError(500, "the engine returned no output", type="server_error") from None
+            raise_item_error(first)
+            metrics.ttft.labels(model).observe(time.monotonic() - t0)
+            if req.stream:
+                done = True  # the generator below owns the stream from here
+                return StreamingResponse(sse(req, endpoint, model, first, stream, t0),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            acc = Accumulator(req.n)
+            acc.add(first)
+            async for items in stream:
+                raise_item_error(items)
+                acc.add(items)
+            metrics.latency.labels(model).observe(time.monotonic() - t0)
+            record_usage(model, endpoint, acc)
+            return JSONResponse(acc.response(req, endpoint, model, payload.get("prompt", "")).model_dump(
+                exclude_none=True))
+        finally:
+            if not done:
+                metrics.in_flight.labels(model).dec()
+                await stream.aclose()
+
+    def record_usage(model: str, endpoint: str, acc: "Accumulator") -> None:
+        metrics.requests.labels(model, endpoint, "200").inc()
+        metrics.prompt_tokens.labels(model).inc(acc.prompt_tokens)
+        metrics.output_tokens.labels(model).inc(acc.completion_tokens)
+
+    async def sse(req, endpoint: str, model: str, first: list[dict], stream: AsyncIterator, t0: float):
+        rid = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
+        acc = Accumulator(req.n)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        try:
+            if endpoint == "chat":
+                start = [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+                         for i in range(req.n)]
+                yield _event(ChatCompletionChunk(id=rid, model=model, choices=start))
+            items = first
+            while True:
+                raise_item_error(items)
+                acc.add(items)
+                yield _event(acc.chunk(rid, endpoint, model, items, req))
+                items = await stream.__anext__()
+        except StopAsyncIteration:
+            pass
+        except APIError as exc:  # failed mid-stream: an error event, then the end
+            yield f"data: {json.dumps(exc.body())}\n\n"
+        finally:
+            metrics.in_flight.labels(model).dec()
+            await stream.aclose()
+        metrics.latency.labels(model).observe(time.monotonic() - t0)
+        record_usage(model, endpoint, acc)
+        if include_usage:
+            usage = Usage.of(acc.prompt_tokens, acc.completion_tokens)
+            cls = ChatCompletionChunk if endpoint == "chat" else CompletionResponse
+            yield _event(cls(id=rid, model=model, choices=[], usage=usage))
+        yield "data: [DONE]\n\n"
+
+    return app
+
+
+async def _healthy(backend: Backend) -> bool:
+    try:
+        return bool(await backend.healthy())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _event(model) -> str:
+    return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
+
+
+def build_payload(req, endpoint: str) -> dict[str, Any]:
+    """The backend payload: messages or prompt, the engine's sampling dict, chat template variables."""
+    payload: dict[str, Any] = {"sampling": req.engine_sampling(), "request_id": new_id("req")}
+    if endpoint == "chat":
+        payload["messages"] = [m.plain() for m in req.messages]
+        payload["chat_template_kwargs"] = req.chat_template_kwargs or {}
+    else:
+        payload["prompt"] = req.prompt
+    return payload
+
+
+class Accumulator:
+    """Collects delta dicts into per-choice text, token counts, finish reasons and logprobs."""
+
+    def __init__(self, n: int) -> None:
+        self.texts = [""] * n
+        self.tokens = [0] * n
+        self.finish: list[str | None] = [None] * n
+        self.logprobs: list[list[dict]] = [[] for _ in range(n)]
+        self.prompt_tokens = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.tokens)
+
+    def add(self, items: list[dict]) -> None:
+        for d in items:
+            i = d["index"]
+            self.texts[i] += d["text"]
+            self.tokens[i] = max(self.tokens[i], d["num_generated_tokens"])
+            self.finish[i] = d.get("finish_reason") or self.finish[i]
+            self.prompt_tokens = max(self.prompt_tokens, d.get("num_input_tokens") or 0)
+            self.logprobs[i].extend(d.get("logprobs") or [])
+
+    def chunk(self, rid: str, endpoint: str, model: str, items: list[dict], req):
+        """One SSE chunk for a batch of deltas: merged per choice index."""
+        merged: dict[int, dict[str, Any]] = {}
+        for d in items:
+            m = merged.setdefault(d["index"], {"text": "", "finish": None, "logprobs": []})
+            m["text"] += d["text"]
+            m["finish"] = d.get("finish_reason") or m["finish"]
+            m["logprobs"].extend(d.get("logprobs") or [])
+        if endpoint == "chat":
+            choices = [ChatChunkChoice(index=i, delta=DeltaMessage(content=m["text"]), finish_reason=m["finish"],
+                                       logprobs=chat_logprobs(m["logprobs"])) for i, m in sorted(merged.items())]
+            return ChatCompletionChunk(id=rid, model=model, choices=choices)
+        choices = [CompletionChoice(index=i, text=m["text"], finish_reason=m["finish"],
+                                    logprobs=completion_logprobs(m["logprobs"])) for i, m in sorted(merged.items())]
+        return CompletionResponse(id=rid, model=model, choices=choices)
+
+    def response(self, req, endpoint: str, model: str, prompt: str):
+        usage = Usage.of(self.prompt_tokens, self.completion_tokens)
+        if endpoint == "chat":
+            choices = [ChatChoice(index=i, message=ResponseMessage(content=t), finish_reason=self.finish[i],
+                                  logprobs=chat_logprobs(self.logprobs[i])) for i, t in enumerate(self.texts)]
+            return ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=usage)
+        echo = prompt if getattr(req, "echo", False) else ""
+        choices = [CompletionChoice(index=i, text=echo + t, finish_reason=self.finish[i],
+                                    logprobs=completion_logprobs(self.logprobs[i])) for i, t in enumerate(self.texts)]
+        return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=usage)

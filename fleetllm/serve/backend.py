@@ -1,0 +1,186 @@
+"""One served model: the engine behind a small, engine-agnostic streaming interface.
+
+`ModelServer` owns an engine and turns `engine.generate_stream(request)` into lists of plain delta
+dicts (what crosses a Ray Serve handle). It runs inside the Ray Serve model deployment, and
+in-process behind `LocalBackend` (tests, the ASGI app without Ray). The API layer (api.py) talks to
+any object with the `Backend` shape: `stream(payload)`, `stats()`, `healthy()`, `max_model_len`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from typing import Any, AsyncIterator, Protocol
+
+from fleetllm.engines.base import Engine, GenerationRequest
+from fleetllm.errors import EngineError, FleetError, RowError
+from fleetllm.serve.protocol import APIError, overloaded
+from fleetllm.serve.spec import LLMConfig
+
+# Deltas of one request are sent at most this often (the first one at once): fewer, larger chunks
+# through Ray Serve's streaming when the engine outpaces the transport.
+STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0.05"))
+
+
+class Backend(Protocol):
+    model_id: str
+    max_model_len: int | None
+
+    def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+    async def stats(self) -> dict[str, Any] | None: ...
+
+    async def healthy(self) -> bool: ...
+
+
+def error_item(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"status": status, "message": message, "code": code}}
+
+
+class ModelServer:
+    """Loads one model's engine and streams its deltas as lists of dicts."""
+
+    def __init__(self, config: LLMConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.model_id = config.model_id
+        if engine is None:
+            from fleetllm import models
+            from fleetllm.engines.base import create_engine
+
+            resolved = models.resolve(config.model_loading_config.model_source)
+            name = config.resolved_engine()
+            kwargs = dict(config.engine_kwargs)
+            if name == "transformers":  # one engine batch holds what the replica admits at once
+                kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            engine = create_engine(name, resolved.path, engine_kwargs=kwargs,
+                                   chat_template_kwargs=config.chat_template_kwargs)
+            engine.start()
+        self.engine = engine
+        self.fatal: str | None = None
+        self.ongoing = 0
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine.max_model_len
+
+    def healthy(self) -> bool:
+        batcher = getattr(self.engine, "_batcher", None)  # the transformers streaming loop, once started
+        if batcher is not None and not batcher.alive:
+            self.fatal = self.fatal or f"the streaming loop stopped: {batcher.error!r}"
+        if getattr(self.engine, "model", True) is None:
+            self.fatal = self.fatal or "the engine was stopped"
+        return self.fatal is None
+
+    def stats(self) -> dict[str, Any]:
+        batcher = getattr(self.engine, "_batcher", None)
+        out: dict[str, Any] = {"ongoing": self.ongoing, "healthy": self.healthy()}
+        if batcher is not None:
+            out.update(dataclasses.asdict(batcher.stats))
+        return out
+
+    async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        """Yield lists of delta dicts; a request the engine refuses yields one error item."""
+        if not self.healthy():
+            yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
+            return
+        try:
+            request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
+                                        sampling=payload.get("sampling") or {},
+                                        chat_template_kwargs=payload.get("chat_template_kwargs") or {},
+                                        request_id=payload.get("request_id", ""))
+        except RowError as exc:
+            yield [error_item(400, str(exc))]
+            return
+        self.ongoing += 1
+        buf: list[dict[str, Any]] = []
+        wake = asyncio.Event()
+        state: dict[str, Any] = {"done": False, "error": None}
+
+        async def pump() -> None:
+            try:
+                async for delta in self.engine.generate_stream(request):
+                    buf.append(dataclasses.asdict(delta))
+                    wake.set()
+            except (RowError, ValueError) as exc:
+                state["error"] = error_item(400, str(exc))
+            except EngineError as exc:
+                self.fatal = str(exc)
+                state["error"] = error_item(503, str(exc), "engine_error")
+            except FleetError as exc:
+                state["error"] = error_item(400, str(exc))
+            except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
+                state["error"] = error_item(500, f"{type(exc).__name__}: {exc}", "internal_error")
+            finally:
+                state["done"] = True
+                wake.set()
+
+        task = asyncio.create_task(pump())
+        last = 0.0
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                wait = last + STREAM_INTERVAL_S - time.monotonic()
+                if last and wait > 0 and not state["done"]:
+                    await asyncio.sleep(wait)
+                if buf:
+                    items, buf[:] = list(buf), []
+                    last = time.monotonic()
+                    yield items
+                if state["done"]:
+                    if state["error"] is not None:
+                        yield [state["error"]]
+                    return
+        finally:
+            self.ongoing -= 1
+            if not task.done():  # the caller went away: closing the engine stream cancels the request
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001
+                    pass
+
+
+class LocalBackend:
+    """A ModelServer in this process, with the same bounded admission as a Ray Serve replica."""
+
+    def __init__(self, server: ModelServer, max_ongoing_requests: int = 32, max_queued_requests: int = 64,
+                 retry_after_s: float = 1.0) -> None:
+        self.server = server
+        self.model_id = server.model_id
+        self.capacity = max_ongoing_requests + max_queued_requests
+        self.retry_after_s = retry_after_s
+        self.admitted = 0
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.server.max_model_len
+
+    async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        if self.admitted >= self.capacity:
+            raise overloaded(f"model {self.model_id!r} has {self.admitted} requests in flight (limit "
+                             f"{self.capacity}); retry later", 429, self.retry_after_s)
+        self.admitted += 1
+        try:
+            async for items in self.server.stream(payload):
+                yield items
+        finally:
+            self.admitted -= 1
+
+    async def stats(self) -> dict[str, Any]:
+        return self.server.stats()
+
+    async def healthy(self) -> bool:
+        return self.server.healthy()
+
+
+def raise_item_error(items: list[dict[str, Any]]) -> None:
+    """Turn an in-band error item into an APIError."""
+    for item in items:
+        err = item.get("error")
+        if err:
+            status = int(err["status"])
+            kind = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
+            raise APIError(status, err["message"], type=kind, code=err.get("code"))

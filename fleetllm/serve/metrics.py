@@ -1,0 +1,55 @@
+"""Prometheus metrics of the OpenAI server (prometheus_client, one registry per app)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServeMetrics:
+    """Request counters and latencies recorded by the API; engine gauges filled in at scrape time."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("fleetllm_requests", "Requests by model, endpoint and HTTP status.",
+                                ["model", "endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("fleetllm_prompt_tokens", "Prompt tokens of served requests.", ["model"],
+                                     registry=r)
+        self.output_tokens = Counter("fleetllm_output_tokens", "Generated tokens sent to clients.", ["model"],
+                                     registry=r)
+        buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+        self.ttft = Histogram("fleetllm_time_to_first_token_seconds", "Time from request to first token.",
+                              ["model"], buckets=buckets, registry=r)
+        self.latency = Histogram("fleetllm_request_latency_seconds", "Time from request to last token.",
+                                 ["model"], buckets=buckets, registry=r)
+        self.in_flight = Gauge("fleetllm_requests_in_flight", "Requests admitted by the API and not finished.",
+                               ["model"], registry=r)
+        self.running = Gauge("fleetllm_requests_running", "Requests in an engine batch (sampled replica).",
+                             ["model"], registry=r)
+        self.queued = Gauge("fleetllm_requests_queued", "Requests waiting for an engine batch (sampled replica).",
+                            ["model"], registry=r)
+        self.engine_tokens = Gauge("fleetllm_engine_generated_tokens",
+                                   "Tokens the engine generated, cancelled requests included (sampled replica).",
+                                   ["model"], registry=r)
+        self.engine_cancelled = Gauge("fleetllm_engine_cancelled_requests",
+                                      "Requests the engine stopped because the client went away (sampled replica).",
+                                      ["model"], registry=r)
+        self.healthy = Gauge("fleetllm_model_healthy", "1 when the model's engine answers, else 0.", ["model"],
+                             registry=r)
+
+    def set_engine(self, model: str, stats: dict[str, Any] | None) -> None:
+        if stats is None:
+            self.healthy.labels(model).set(0)
+            return
+        self.healthy.labels(model).set(1 if stats.get("healthy", True) else 0)
+        self.running.labels(model).set(stats.get("running", stats.get("ongoing", 0)))
+        self.queued.labels(model).set(stats.get("queued", 0))
+        self.engine_tokens.labels(model).set(stats.get("generated_tokens", 0))
+        self.engine_cancelled.labels(model).set(stats.get("cancelled_requests", 0))
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

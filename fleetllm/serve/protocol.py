@@ -1,0 +1,240 @@
+"""OpenAI request and response models (the subset fleetllm serves), and OpenAI-shaped errors.
+
+Requests accept unknown fields (OpenAI clients send new ones all the time) but check the types of
+the fields we read; responses are built from these models and dumped without unset optionals.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class APIError(Exception):
+    """An error that becomes an OpenAI-shaped JSON response with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def overloaded(message: str, status: int = 429, retry_after_s: float = 1.0) -> APIError:
+    return APIError(status, message, type="rate_limit_error" if status == 429 else "service_unavailable",
+                    code="overloaded", headers={"Retry-After": str(max(1, int(round(retry_after_s))))})
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=16)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("`stop` takes up to 4 non-empty strings")
+        return stops
+
+    def sampling(self, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
+        """The engine's sampling dict (unset values left out)."""
+        params: dict[str, Any] = {
+            "n": self.n, "max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": logprobs,
+            "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        return {k: v for k, v in params.items() if v is not None}
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def plain(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):  # [{type: text, text: ...}] parts -> one string
+            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("`top_logprobs` needs `logprobs: true`")
+        return self
+
+    def engine_sampling(self) -> dict[str, Any]:
+        return self.sampling(self.max_completion_tokens or self.max_tokens,
+                             (self.top_logprobs or 0) if self.logprobs else None)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str:
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ValueError("send one prompt per request (a list of exactly one string)")
+            value = value[0]
+        if not value:
+            raise ValueError("`prompt` is empty")
+        return value
+
+    def engine_sampling(self) -> dict[str, Any]:
+        return self.sampling(self.max_tokens, self.logprobs)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt: int, completion: int) -> "Usage":
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "fleetllm"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Engine logprob entries -> OpenAI chat `logprobs: {content: [...]}`."""
+    if not entries:
+        return None
+    return {"content": [{"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode()),
+                         "top_logprobs": [{"token": t["token"], "logprob": t["logprob"],
+                                           "bytes": list(t["token"].encode())} for t in e.get("top_logprobs", [])]}
+                        for e in entries]}
+
+
+def completion_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Engine logprob entries -> legacy completions `logprobs` (tokens, token_logprobs, top_logprobs)."""
+    if not entries:
+        return None
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])} for e in entries]}
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """A pydantic error list -> (one readable message, the first offending parameter)."""
+    parts, param = [], None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        where = ".".join(loc) or "body"
+        param = param or where
+        parts.append(f"{where}: {err.get('msg')} (got {err.get('input')!r})" if err.get("type") != "missing"
+                     else f"{where}: required field is missing")
+    return "; ".join(parts), param

@@ -1,0 +1,68 @@
+"""Starting and stopping the Ray Serve application of a ServeSpec (used by the CLI, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from fleetllm.errors import PlanError
+from fleetllm.serve.spec import ServeSpec
+
+
+def check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PlanError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another port with --port "
+                            "or stop what uses it") from None
+
+
+def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
+    """A readable plan of what `fleetllm serve` would start."""
+    lines = [f"app {spec.name!r} at http://{host}:{port}/v1  (api key: {'required' if spec.effective_api_key() else 'none'})",
+             f"ray cluster: {spec.cluster.address or os.environ.get('RAY_ADDRESS') or 'local (started here)'}"]
+    for m in spec.models:
+        cfg = m.to_llm_config()
+        scale = (f"autoscaling {m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas "
+                 f"(target {m.autoscaling.target_ongoing_requests:g} ongoing)") if m.autoscaling else f"{m.replicas} replica(s)"
+        lines.append(f"  model {m.model_id!r}: source {m.source}, engine {cfg.resolved_engine()}"
+                     f"{' (auto)' if m.engine == 'auto' else ''}, {scale}, {m.max_ongoing_requests} ongoing + "
+                     f"{m.max_queued_requests} queued per replica, {m.cpus_per_replica:g} CPU / "
+                     f"{m.gpus_per_replica:g} GPU per replica")
+        if m.engine_kwargs:
+            lines.append(f"    engine_kwargs: {m.engine_kwargs}")
+    return lines
+
+
+def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
+              ray_init_kwargs: dict[str, Any] | None = None) -> str:
+    """Start Ray (unless running) and the app; returns the base URL once every replica is up."""
+    import ray
+    from ray import serve
+
+    from fleetllm.serve.app import build_openai_app
+
+    host = host or spec.host
+    port = port or spec.port
+    check_port_free(host, port)
+    if not ray.is_initialized():
+        address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
+    serve.start(http_options={"host": host, "port": port})
+    app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key()})
+    serve.run(app, name=spec.name, route_prefix="/", blocking=False)
+    return f"http://{host}:{port}/v1"
+
+
+def stop_serve(shutdown_ray: bool = True) -> None:
+    """Shut Serve down (and Ray, when this process started it)."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        serve.shutdown()
+        if shutdown_ray:
+            ray.shutdown()

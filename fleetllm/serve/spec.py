@@ -1,0 +1,166 @@
+"""serve.yaml (ServeSpec) and the Ray Serve LLM-shaped LLMConfig it becomes.
+
+    name: smollm2
+    host: 127.0.0.1
+    port: 8000
+    api_key: null                  # or a string; also $FLEETLLM_API_KEY
+    models:
+      - model_id: smollm2
+        source: smollm2-135m-instruct
+        engine: transformers       # transformers | vllm | auto
+        replicas: 1                # or autoscaling: {min_replicas, max_replicas, target_ongoing_requests}
+        max_ongoing_requests: 32
+        max_queued_requests: 64
+    cluster: {address: null}
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fleetllm.spec import ClusterSpec, StrictModel, load_yaml, parse_spec
+
+
+class AutoscalingSpec(StrictModel):
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas kept running (0 scales to zero).")
+    max_replicas: int = Field(1, ge=1, description="Most replicas started under load.")
+    target_ongoing_requests: float = Field(
+        16, gt=0, description="Ongoing requests per replica that Ray Serve's autoscaler aims for."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscaling.min_replicas ({self.min_replicas}) is above max_replicas "
+                             f"({self.max_replicas}); make min_replicas <= max_replicas")
+        return self
+
+
+class ServeModelSpec(StrictModel):
+    model_id: str = Field(..., min_length=1, description="The `model` name clients send.")
+    source: str = Field("smollm2-135m-instruct", description="Model alias, a local folder, or a Hugging Face id.")
+    engine: Literal["transformers", "vllm", "auto"] = Field(
+        "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is usable)."
+    )
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the engine.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Default chat template variables, e.g. {enable_thinking: false}."
+    )
+    replicas: int = Field(1, ge=1, description="Fixed number of replicas (ignored when autoscaling is given).")
+    autoscaling: AutoscalingSpec | None = Field(None, description="Ray Serve autoscaling instead of fixed replicas.")
+    max_ongoing_requests: int = Field(32, ge=1, description="Requests a replica serves at once (its batch).")
+    max_queued_requests: int = Field(
+        64, ge=0, description="Requests waiting per replica; past it clients get 429 with Retry-After."
+    )
+    cpus_per_replica: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
+    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+
+    def to_llm_config(self) -> "LLMConfig":
+        deployment: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "max_queued_requests": self.max_queued_requests,
+            "ray_actor_options": {"num_cpus": self.cpus_per_replica, "num_gpus": self.gpus_per_replica},
+        }
+        if self.autoscaling is not None:
+            deployment["autoscaling_config"] = self.autoscaling.model_dump()
+        else:
+            deployment["num_replicas"] = self.replicas
+        return LLMConfig(
+            model_loading_config=ModelLoadingConfig(model_id=self.model_id, model_source=self.source),
+            engine=self.engine, engine_kwargs=self.engine_kwargs,
+            chat_template_kwargs=self.chat_template_kwargs, deployment_config=deployment,
+        )
+
+
+class ServeSpec(StrictModel):
+    name: str = Field("fleetllm", min_length=1, description="Ray Serve application name.")
+    host: str = Field("127.0.0.1", description="Address the HTTP server listens on (0.0.0.0 for all).")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port; the API is under /v1.")
+    api_key: str | None = Field(None, description="Bearer token clients must send; default: $FLEETLLM_API_KEY.")
+    models: list[ServeModelSpec] = Field(..., min_length=1, description="The models served, routed by `model`.")
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "ServeSpec":
+        ids = [m.model_id for m in self.models]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"models: model_id {dup} appears more than once; give each model its own id")
+        return self
+
+    def effective_api_key(self) -> str | None:
+        return self.api_key or os.environ.get("FLEETLLM_API_KEY") or None
+
+    def llm_configs(self) -> list["LLMConfig"]:
+        return [m.to_llm_config() for m in self.models]
+
+
+class ModelLoadingConfig(StrictModel):
+    model_id: str = Field(..., min_length=1, description="The `model` name clients send.")
+    model_source: str = Field("smollm2-135m-instruct", description="Model alias, local folder or hub id.")
+
+
+DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
+                   "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
+                   "graceful_shutdown_timeout_s"}
+
+
+class LLMConfig(StrictModel):
+    """One served model, in Ray Serve LLM's shape.
+
+    Example:
+        >>> from fleetllm.serve import LLMConfig, build_openai_app
+        >>> cfg = LLMConfig(model_loading_config=dict(model_id="smollm2", model_source="smollm2-135m-instruct"),
+        ...                 deployment_config=dict(autoscaling_config=dict(min_replicas=1, max_replicas=2)),
+        ...                 engine_kwargs=dict(max_model_len=2048))
+        >>> app = build_openai_app({"llm_configs": [cfg]})   # then ray.serve.run(app)
+    """
+
+    model_loading_config: ModelLoadingConfig = Field(..., description="model_id (routing name) and model_source.")
+    engine: Literal["transformers", "vllm", "auto"] = Field("auto", description="Inference engine.")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the engine.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Default chat template variables.")
+    deployment_config: dict[str, Any] = Field(
+        default_factory=dict, description="Ray Serve deployment options: num_replicas or autoscaling_config, "
+        "max_ongoing_requests, max_queued_requests, ray_actor_options.",
+    )
+
+    @field_validator("deployment_config")
+    @classmethod
+    def _known_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - DEPLOYMENT_KEYS)
+        if unknown:
+            raise ValueError(f"deployment_config keys {unknown} are not supported; use {sorted(DEPLOYMENT_KEYS)}")
+        if "autoscaling_config" in value and "num_replicas" in value:
+            raise ValueError("give either num_replicas or autoscaling_config in deployment_config, not both")
+        return value
+
+    @property
+    def model_id(self) -> str:
+        return self.model_loading_config.model_id
+
+    def resolved_engine(self) -> str:
+        """`auto` -> vllm when vLLM and fleetllm's vLLM engine are importable, else transformers."""
+        if self.engine != "auto":
+            return self.engine
+        usable = importlib.util.find_spec("vllm") and importlib.util.find_spec("fleetllm.engines.vllm_engine")
+        return "vllm" if usable else "transformers"
+
+    def deployment_options(self) -> dict[str, Any]:
+        """Options for `Deployment.options(...)`, with fleetllm's defaults filled in."""
+        opts = {"max_ongoing_requests": 32, "max_queued_requests": 64, **self.deployment_config}
+        replicas = opts.get("autoscaling_config", {}).get("max_replicas") or opts.get("num_replicas") or 1
+        # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
+        opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)
+        opts.setdefault("ray_actor_options", {"num_cpus": 1})
+        return opts
+
+
+def load_serve_spec(path: str | Path) -> ServeSpec:
+    """Load and validate a serve.yaml file."""
+    return parse_spec(ServeSpec, load_yaml(path), str(path))

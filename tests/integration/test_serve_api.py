@@ -1,0 +1,147 @@
+"""The OpenAI API in-process (FastAPI through httpx's ASGITransport) over the real transformers engine
+on a tiny random model: protocol, errors, batching of concurrent requests, health."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import httpx
+import pytest
+
+from fleetllm.engines.transformers_engine import TransformersEngine
+from fleetllm.serve.api import make_api
+from fleetllm.serve.backend import LocalBackend, ModelServer
+from fleetllm.serve.spec import LLMConfig
+
+KEY = "sk-test"
+HDR = {"Authorization": f"Bearer {KEY}"}
+MSG = [{"role": "user", "content": "Say hi"}]
+
+
+@pytest.fixture(scope="module")
+def app(tiny_model, tmp_path_factory):
+    # a copy of the tiny model whose chat template reads a chat_template_kwargs variable
+    themed = tmp_path_factory.mktemp("themed") / "tiny"
+    shutil.copytree(tiny_model, themed)
+    template = themed / "chat_template.jinja"
+    template.write_text("{% if shout is defined and shout %}LOUD LOUD LOUD {% endif %}" + template.read_text())
+    servers = {}
+    for model_id, path, kwargs in (("tiny", tiny_model, {"max_model_len": 256}), ("themed", str(themed), {})):
+        engine = TransformersEngine(path, engine_kwargs=kwargs)
+        engine.start()
+        cfg = LLMConfig(model_loading_config=dict(model_id=model_id, model_source=path), engine="transformers")
+        servers[model_id] = ModelServer(cfg, engine=engine)
+    backends = {m: LocalBackend(s, max_ongoing_requests=8, max_queued_requests=0) for m, s in servers.items()}
+    yield make_api(backends, api_key=KEY), servers
+    for s in servers.values():
+        s.engine.stop()
+
+
+def call(app, *requests):
+    """Run requests [(method, path, kwargs)] concurrently against the ASGI app; returns responses."""
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            return await asyncio.gather(*[client.request(m, p, **kw) for m, p, kw in requests])
+    return asyncio.run(go())
+
+
+def chat(**body):
+    return ("POST", "/v1/chat/completions", {"json": {"model": "tiny", "messages": MSG, **body}, "headers": HDR})
+
+
+def assert_openai_error(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert param in (err["param"] or ""), err
+
+
+def test_errors_are_openai_shaped_and_the_server_keeps_serving(app):
+    api, _ = app
+    long_prompt = "hello " * 400
+    bad = call(
+        api,
+        ("POST", "/v1/chat/completions", {"content": b"{not json", "headers": HDR}),
+        ("POST", "/v1/chat/completions", {"content": b"[1, 2]", "headers": HDR}),
+        chat(max_tokens="ten"),
+        ("POST", "/v1/chat/completions", {"json": {"model": "tiny", "messages": "hi"}, "headers": HDR}),
+        chat(max_tokens=-3),
+        chat(model="no-such-model"),
+        chat(messages=[{"role": "user", "content": long_prompt}]),
+        ("POST", "/v1/chat/completions", {"json": {"model": "tiny", "messages": MSG}}),
+        ("POST", "/v1/chat/completions", {"json": {"model": "tiny", "messages": MSG},
+                                          "headers": {"Authorization": "Bearer wrong"}}),
+        ("GET", "/v1/models", {}),
+    )
+    for resp, (status, param) in zip(bad, [(400, None), (400, None), (400, "max_tokens"), (400, "messages"),
+                                           (400, "max_tokens"), (404, "model"), (400, None), (401, None),
+                                           (401, None), (401, None)]):
+        assert_openai_error(resp, status, param)
+    assert "context" in bad[6].json()["error"]["message"]
+    assert bad[5].json()["error"]["code"] == "model_not_found"
+    (ok,) = call(api, chat(max_tokens=4))
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_chat_n_usage_logprobs_and_stream_match(app):
+    api, _ = app
+    plain, two, lp, stream, comp = call(
+        api, chat(max_tokens=8), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
+        chat(max_tokens=3, logprobs=True, top_logprobs=2),
+        chat(max_tokens=8, stream=True, stream_options={"include_usage": True}),
+        ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True},
+                                     "headers": HDR}),
+    )
+    body = plain.json()
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 8
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 8
+    assert [c["index"] for c in two.json()["choices"]] == [0, 1]
+    assert two.json()["usage"]["completion_tokens"] == 12
+    content = lp.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(len(c["top_logprobs"]) == 2 and c["logprob"] <= 0 for c in content)
+    events = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == body["choices"][0]["message"]["content"]  # greedy: streamed == non-streamed
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body["usage"]
+    assert comp.json()["choices"][0]["text"].startswith("Once upon")
+    assert comp.json()["usage"]["completion_tokens"] == 5
+    (no_model,) = call(api, ("POST", "/v1/completions", {"json": {"prompt": "x"}, "headers": HDR}))
+    assert_openai_error(no_model, 400, "model")  # two models served: `model` is required
+
+
+def test_concurrent_requests_share_engine_batches(app):
+    api, servers = app
+    stats = servers["tiny"].engine.batcher.stats
+    before = stats.batches
+    responses = call(api, *[chat(max_tokens=16, messages=[{"role": "user", "content": f"count {i}"}])
+                            for i in range(6)])
+    assert all(r.status_code == 200 for r in responses)
+    assert stats.batches - before < 6 and stats.max_batch_rows > 1
+
+
+def test_chat_template_kwargs_reach_the_template(app):
+    api, _ = app
+    plain, loud = call(api, chat(model="themed", max_tokens=1),
+                       chat(model="themed", max_tokens=1, chat_template_kwargs={"shout": True}))
+    assert loud.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"]
+
+
+def test_metrics_and_health_503_when_an_engine_is_dead(app):
+    api, servers = app
+    metrics, health = call(api, ("GET", "/metrics", {}), ("GET", "/health", {}))
+    assert health.status_code == 200
+    assert 'fleetllm_requests_total{endpoint="chat",model="tiny",status="200"}' in metrics.text
+    assert 'fleetllm_requests_total{endpoint="chat",model="unknown",status="401"}' in metrics.text
+    assert "fleetllm_time_to_first_token_seconds_bucket" in metrics.text
+    servers["themed"].engine.stop()  # the themed engine dies
+    health, still = call(api, ("GET", "/health", {}), chat(max_tokens=2))
+    assert health.status_code == 503 and health.json()["models"] == ["themed"]
+    assert still.status_code == 200  # the other model keeps serving
+    (dead,) = call(api, chat(model="themed", max_tokens=2))
+    assert_openai_error(dead, 503)

@@ -1,0 +1,87 @@
+"""serve.yaml, LLMConfig and the OpenAI request models: pure logic, no Ray, no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from fleetllm.cli import main
+from fleetllm.engines.transformers_stream import _held_back
+from fleetllm.errors import SpecError
+from fleetllm.serve import LLMConfig
+from fleetllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from fleetllm.serve.spec import ServeSpec, load_serve_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_example_serve_yaml_loads_and_becomes_llm_configs():
+    spec = load_serve_spec(ROOT / "examples" / "serve.yaml")
+    assert (spec.host, spec.port, spec.api_key) == ("127.0.0.1", 8000, None)
+    (cfg,) = spec.llm_configs()
+    assert cfg.model_id == "smollm2" and cfg.resolved_engine() == "transformers"
+    opts = cfg.deployment_options()
+    assert opts["num_replicas"] == 1 and opts["max_ongoing_requests"] == 32 and opts["max_queued_requests"] == 64
+    assert opts["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}
+
+
+def test_autoscaling_scales_the_queue_bound_per_replica():
+    spec = ServeSpec.model_validate({"models": [{"model_id": "m", "max_queued_requests": 10,
+                                                 "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]})
+    opts = spec.llm_configs()[0].deployment_options()
+    assert "num_replicas" not in opts and opts["autoscaling_config"]["max_replicas"] == 3
+    assert opts["max_queued_requests"] == 30
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"models": [{"model_id": "m", "replica": 2}]}, "models.0.replica: unknown field"),
+    ({"models": [{"model_id": "m", "autoscaling": {"min_replicas": 3, "max_replicas": 1}}]}, "min_replicas"),
+    ({"models": [{"model_id": "m"}, {"model_id": "m"}]}, "appears more than once"),
+    ({"models": []}, "models"),
+    ({"models": [{"model_id": "m", "engine": "tgi"}]}, "engine"),
+])
+def test_serve_spec_is_strict_and_names_the_problem(tmp_path, bad, words):
+    path = tmp_path / "serve.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SpecError, match=words.replace(".", r"\.")):
+        load_serve_spec(path)
+
+
+def test_llm_config_in_ray_serve_llm_shape():
+    cfg = LLMConfig(model_loading_config=dict(model_id="smollm2", model_source="smollm2-135m-instruct"),
+                    deployment_config=dict(autoscaling_config=dict(min_replicas=1, max_replicas=2)),
+                    engine_kwargs=dict(max_model_len=2048))
+    assert cfg.model_id == "smollm2" and cfg.deployment_options()["max_queued_requests"] == 128
+    with pytest.raises(ValidationError, match="not supported"):
+        LLMConfig(model_loading_config=dict(model_id="x"), deployment_config={"replicas": 2})
+
+
+def test_dry_run_prints_the_plan(capsys):
+    assert main(["serve", str(ROOT / "examples" / "serve.yaml"), "--dry-run", "--port", "9000"]) == 0
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:9000/v1" in out and "model 'smollm2'" in out and "32 ongoing + 64 queued" in out
+
+
+def test_request_models_check_types_and_ranges():
+    ok = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                               "max_completion_tokens": 5, "stop": "x", "logprobs": True,
+                                               "top_logprobs": 2, "unknown_new_field": 1})
+    assert ok.engine_sampling() == {"n": 1, "max_tokens": 5, "stop": ["x"], "logprobs": 2}
+    for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+                {"messages": [{"role": "robot", "content": "x"}]}):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest.model_validate(bad)
+    assert CompletionRequest.model_validate({"prompt": ["one"]}).prompt == "one"
+    with pytest.raises(ValidationError, match="one prompt"):
+        CompletionRequest.model_validate({"prompt": ["a", "b"]})
+
+
+def test_stop_string_prefixes_are_held_back_while_streaming():
+    assert _held_back("Hello wor", ["world"]) == 3
+    assert _held_back("Hello", ["world"]) == 0
+    assert _held_back("a\n", ["\n\n", "xyz"]) == 1

@@ -3,13 +3,15 @@
 A pure class (no I/O, no asyncio, an injected clock) so that its behaviour is unit-tested exactly.
 The window of in-flight requests
 
-- starts at `initial_window` and, until the first congestion signal, grows by one per success
-  (slow start: the window doubles every round trip);
+- starts at `initial_window` and, until the first congestion signal or until latency starts to
+  rise (halfway to the tolerance, like TCP HyStart), grows by `slow_start_increase` per success
+  (slow start: x1.5 per round trip by default);
 - then grows additively, by `additive_increase / window` per success (about +1 per round trip),
   while requests succeed and latency holds;
 - shrinks multiplicatively by `backoff_factor` on 429, 503/504 and timeouts, and by the gentler
   `latency_backoff_factor` when the smoothed latency rises above `latency_tolerance` times its
-  observed baseline. vLLM signals overload by queueing requests, not by answering 429
+  observed baseline (the cut is tolerance / latency ratio, bounded: the further latency has risen,
+  the deeper the cut, as queueing grows with the window past capacity). vLLM signals overload by queueing requests, not by answering 429
   (NVIDIA-NeMo/DataDesigner#634), so latency is the signal that keeps the window near the server's
   capacity; 429 only catches a hard limit;
 - shrinks at most once per round trip: a signal from a request sent before the last decrease was
@@ -45,6 +47,9 @@ class AIMDConfig(BaseModel):
     slow_start: bool = Field(
         True, description="Until the first congestion signal, grow by one per success (doubling per round trip)."
     )
+    slow_start_increase: float = Field(
+        0.5, gt=0, le=1, description="Slow-start growth per success (0.5: x1.5 per round trip, 1: doubling)."
+    )
     additive_increase: float = Field(
         1.0, gt=0, description="Window growth per round trip of successes (added as increase/window per success)."
     )
@@ -52,7 +57,9 @@ class AIMDConfig(BaseModel):
         0.5, gt=0, lt=1, description="Window multiplier on 429, 503/504 or a timeout."
     )
     latency_backoff_factor: float = Field(
-        0.9, gt=0, lt=1, description="Window multiplier when latency rises above latency_tolerance x baseline."
+        0.9, gt=0, lt=1,
+        description="Largest window multiplier when latency rises above latency_tolerance x baseline; the cut "
+        "is tolerance/ratio (deeper the higher the latency), never below backoff_factor.",
     )
     latency_tolerance: float = Field(
         1.5, gt=1, description="Overload when smoothed latency exceeds this multiple of the baseline latency."
@@ -79,6 +86,11 @@ class AIMDConfig(BaseModel):
                 "make the floor at most the ceiling"
             )
         return self
+
+
+def c_exit(config: AIMDConfig) -> float:
+    """Latency ratio that ends slow start: halfway to the overload tolerance (as TCP HyStart does)."""
+    return 1.0 + (config.latency_tolerance - 1.0) / 2.0
 
 
 class Signal(str, enum.Enum):
@@ -158,6 +170,8 @@ class AIMDController:
         if not self.config.enabled:
             return
         overloaded = self._observe_latency(latency_s, completion_tokens)
+        if self.in_slow_start and self._latency_ratio() > c_exit(self.config):
+            self.in_slow_start = False  # latency starts rising: stop doubling, keep the window
         if overloaded and self.config.use_latency:
             self._decrease(ticket, Signal.LATENCY)
         elif not overloaded:
@@ -200,10 +214,16 @@ class AIMDController:
             self.baseline_latency = self.smoothed_latency
         return self.smoothed_latency > c.latency_tolerance * self.baseline_latency
 
+    def _latency_ratio(self) -> float:
+        """Smoothed latency over its baseline (1.0 before the baseline is known)."""
+        if self.baseline_latency is None or self.smoothed_latency is None or self.baseline_latency <= 0:
+            return 1.0
+        return self.smoothed_latency / self.baseline_latency
+
     def _increase(self) -> None:
         c = self.config
         if self.in_slow_start:
-            self.window += 1.0
+            self.window += c.slow_start_increase
         else:
             self.window += c.additive_increase / max(self.window, 1.0)
         self.window = min(self.window, float(c.max_window))
@@ -214,7 +234,12 @@ class AIMDController:
         if ticket.sent_at < self.last_decrease_at:
             self.stats.ignored_signals += 1  # sent under the old window: already answered
             return
-        factor = c.latency_backoff_factor if signal is Signal.LATENCY else c.backoff_factor
+        if signal is Signal.LATENCY:
+            # Cut in proportion to the excess latency (queueing grows with the window past the
+            # server's capacity), between backoff_factor and latency_backoff_factor.
+            factor = min(c.latency_backoff_factor, max(c.backoff_factor, c.latency_tolerance / self._latency_ratio()))
+        else:
+            factor = c.backoff_factor
         self.window = max(float(c.min_window), self.window * factor)
         self.in_slow_start = False
         self.last_decrease_at = self.clock()

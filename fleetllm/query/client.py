@@ -63,6 +63,7 @@ class CallResult:
     error: str | None = None
     attempts: int = 0
     latency_s: float = 0.0  # the successful attempt's latency (or the last attempt's)
+    elapsed_s: float = 0.0  # from the first attempt's send to the result, backoffs included
 
     @property
     def content(self) -> str | None:
@@ -166,10 +167,13 @@ class AsyncWindow:
                     self._waiters.remove(fut)
 
     def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
+        """Wake as many waiters (oldest first) as there are free slots; the others keep waiting."""
+        free = self.controller.limit - self.controller.in_flight
+        while free > 0 and self._waiters:
+            fut = self._waiters.pop(0)
             if not fut.done():
                 fut.set_result(None)
+                free -= 1
 
     def success(self, ticket: Ticket, latency_s: float, completion_tokens: int | None) -> None:
         self.controller.on_success(ticket, latency_s, completion_tokens)
@@ -199,6 +203,7 @@ class QueryClient:
         timeout_s: float = 600.0,
         retry: RetryPolicy | None = None,
         controller: AIMDController | None = None,
+        window: AsyncWindow | None = None,
         sleep: Sleep | None = None,
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = _random.random,
@@ -212,9 +217,12 @@ class QueryClient:
         self.openai = openai_client
         self.model = model
         self.retry = retry or RetryPolicy()
-        self.controller = controller or AIMDController()
         self.sleep = sleep or asyncio.sleep
-        self.window = AsyncWindow(self.controller, self.sleep)
+        if window is not None:  # a window shared by several clients on one event loop
+            self.window, self.controller = window, window.controller
+        else:
+            self.controller = controller or AIMDController()
+            self.window = AsyncWindow(self.controller, self.sleep)
         self.clock = clock
         self.rand = rand
         self.backoffs: list[float] = []  # every backoff slept, in order (for logs and tests)
@@ -231,10 +239,12 @@ class QueryClient:
 
     async def _call(self, send: Callable[[], Awaitable[Any]]) -> CallResult:
         attempts = 0
+        first: float | None = None
         while True:
             ticket = await self.window.acquire()
             attempts += 1
             start = self.clock()
+            first = start if first is None else first
             try:
                 response = await send()
             except Exception as exc:  # every failure is classified; none escapes the row
@@ -246,7 +256,8 @@ class QueryClient:
                     self.window.other(ticket)
                 if not failure.retryable or attempts > self.retry.max_retries:
                     suffix = f" (after {attempts} attempts)" if failure.retryable else ""
-                    return CallResult(error=failure.message + suffix, attempts=attempts, latency_s=latency)
+                    return CallResult(error=failure.message + suffix, attempts=attempts, latency_s=latency,
+                                      elapsed_s=self.clock() - first)
                 delay = backoff_delay(attempts - 1, self.retry, self.rand())
                 if failure.retry_after_s is not None:
                     delay = max(delay, failure.retry_after_s)
@@ -262,6 +273,7 @@ class QueryClient:
             self.window.success(ticket, latency, result.completion_tokens or None)
             result.attempts = attempts
             result.latency_s = latency
+            result.elapsed_s = self.clock() - first
             return result
 
     async def aclose(self) -> None:

@@ -120,6 +120,7 @@ def ai_query(
     max_retries: int = 5,
     aimd: AIMDConfig | dict[str, Any] | None = None,
     timeout_s: float = 600.0,
+    retry: dict[str, Any] | None = None,
     num_cpus: float = 0.25,
 ) -> "ray.data.Dataset":
     """Add `output_col` to every row of `ds`: the endpoint's answer to the row's prompt or messages.
@@ -139,6 +140,7 @@ def ai_query(
         max_retries: retries of a failing request (408/429/5xx/timeouts) before the row keeps its error.
         aimd: AIMD settings (floor, ceiling, factors...); see `fleetllm.query.aimd.AIMDConfig`.
         timeout_s: timeout of one HTTP attempt.
+        retry: backoff settings (initial_backoff_s, max_backoff_s, jitter); see `RetryPolicy`.
         num_cpus: CPUs reserved per actor (the work is network-bound).
 
     Returns:
@@ -157,7 +159,7 @@ def ai_query(
         except Exception as exc:
             raise SpecError(f"aimd settings are invalid: {exc}") from None
     engine_kwargs = {"base_url": base_url, "api_key": api_key, "model": model, "timeout_s": timeout_s,
-                     "max_retries": max_retries, "aimd": aimd_config.model_dump()}
+                     "max_retries": max_retries, "aimd": aimd_config.model_dump(), "retry": dict(retry or {})}
     # Enough rows per call that the actor's concurrent batches can fill its AIMD ceiling.
     rows_per_call = max(batch_size, math.ceil(aimd_config.max_window / ASYNC_BATCHES_PER_ACTOR))
     return ds.map_batches(

@@ -8,12 +8,15 @@ The window of in-flight requests
   (slow start: x1.5 per round trip by default);
 - then grows additively, by `additive_increase / window` per success (about +1 per round trip),
   while requests succeed and latency holds;
-- shrinks multiplicatively by `backoff_factor` on 429, 503/504 and timeouts, and by the gentler
-  `latency_backoff_factor` when the smoothed latency rises above `latency_tolerance` times its
-  observed baseline (the cut is tolerance / latency ratio, bounded: the further latency has risen,
-  the deeper the cut, as queueing grows with the window past capacity). vLLM signals overload by queueing requests, not by answering 429
-  (NVIDIA-NeMo/DataDesigner#634), so latency is the signal that keeps the window near the server's
-  capacity; 429 only catches a hard limit;
+- shrinks multiplicatively by `backoff_factor` on 429, 503/504 and timeouts, and by
+  tolerance / latency-ratio (bounded by `backoff_factor` and `latency_backoff_factor`) when both
+  the smoothed latency and the answer's own latency are above `latency_tolerance` times the
+  observed baseline: queueing grows with the window past capacity, so the cut is deeper the
+  higher latency has risen. vLLM signals overload by queueing requests, not by answering 429
+  (NVIDIA-NeMo/DataDesigner#634), so latency is the signal that keeps the window near the
+  server's capacity; 429 only catches a hard limit;
+- after a latency cut, when latency is back near its baseline, returns at slow-start speed to
+  `latency_backoff_factor` x the window before the cut (a cut caused by a client stall costs little);
 - shrinks at most once per round trip: a signal from a request sent before the last decrease was
   caused by the old window and is ignored (as in TCP);
 - honours Retry-After: no new request is sent before the time the server named;
@@ -137,6 +140,7 @@ class AIMDController:
         self.smoothed_latency: float | None = None
         self.baseline_latency: float | None = None
         self.latency_samples = 0
+        self.recover_to: float | None = None
         self.stats = AIMDStats(max_limit=self.limit)
 
     # --- the window -------------------------------------------------------------------------
@@ -198,7 +202,9 @@ class AIMDController:
         self.in_flight -= 1
 
     def _observe_latency(self, latency_s: float, completion_tokens: int | None) -> bool:
-        """Fold a sample into the moving average; True when it says the server is overloaded."""
+        """Fold a sample into the moving average; True when both the average and this sample are
+        above the tolerance (a single slow answer, or the average still high from answers that
+        came before the last cut, does not shrink the window)."""
         c = self.config
         sample = float(latency_s)
         if c.latency_per_token and completion_tokens:
@@ -212,7 +218,8 @@ class AIMDController:
             return False
         if self.baseline_latency is None or self.smoothed_latency < self.baseline_latency:
             self.baseline_latency = self.smoothed_latency
-        return self.smoothed_latency > c.latency_tolerance * self.baseline_latency
+        limit = c.latency_tolerance * self.baseline_latency
+        return self.smoothed_latency > limit and sample > limit
 
     def _latency_ratio(self) -> float:
         """Smoothed latency over its baseline (1.0 before the baseline is known)."""
@@ -222,11 +229,15 @@ class AIMDController:
 
     def _increase(self) -> None:
         c = self.config
-        if self.in_slow_start:
+        fast_return = (self.recover_to is not None and self.window < self.recover_to
+                       and self._latency_ratio() <= c_exit(c))
+        if self.in_slow_start or fast_return:
             self.window += c.slow_start_increase
         else:
             self.window += c.additive_increase / max(self.window, 1.0)
         self.window = min(self.window, float(c.max_window))
+        if self.recover_to is not None and self.window >= self.recover_to:
+            self.recover_to = None
         self.stats.max_limit = max(self.stats.max_limit, self.limit)
 
     def _decrease(self, ticket: Ticket, signal: Signal) -> None:
@@ -238,8 +249,12 @@ class AIMDController:
             # Cut in proportion to the excess latency (queueing grows with the window past the
             # server's capacity), between backoff_factor and latency_backoff_factor.
             factor = min(c.latency_backoff_factor, max(c.backoff_factor, c.latency_tolerance / self._latency_ratio()))
+            # If latency comes back to its baseline, return fast to where a gentle cut would
+            # have landed: a cut caused by a stall (a busy client, a GC pause) costs little.
+            self.recover_to = self.window * c.latency_backoff_factor
         else:
             factor = c.backoff_factor
+            self.recover_to = None  # 429/503/timeouts are hard evidence: additive growth only
         self.window = max(float(c.min_window), self.window * factor)
         self.in_slow_start = False
         self.last_decrease_at = self.clock()

@@ -174,3 +174,33 @@ def test_more_releases_than_acquires_is_an_error():
     c.on_other(t)
     with pytest.raises(RuntimeError):
         c.on_other(t)
+
+
+def test_fast_return_after_a_latency_cut_when_latency_recovers():
+    c, clock = make(initial_window=20, slow_start=False, min_latency_samples=2, latency_tolerance=1.5,
+                    latency_backoff_factor=0.9, backoff_factor=0.5, latency_smoothing=1.0)
+    succeed(c, clock, 2, latency=0.1)
+    w = c.window
+    succeed(c, clock, 1, latency=1.0)  # a stall: ratio 10 -> cut to half
+    assert c.window == pytest.approx(w * 0.5) and c.recover_to == pytest.approx(w * 0.9)
+    succeed(c, clock, 4, latency=0.1)  # latency is back: +0.5 per success, not +1/window
+    assert c.window == pytest.approx(w * 0.5 + 2.0)
+    succeed(c, clock, 40, latency=0.1)
+    assert c.recover_to is None and c.window < w * 0.9 + 2.0  # then additive again (+1 per window)
+
+
+def test_no_fast_return_after_a_429():
+    c, clock = make(initial_window=20, slow_start=False)
+    c.on_overload(c.try_acquire(), Signal.RATE_LIMIT)
+    assert c.recover_to is None
+    succeed(c, clock, 10)
+    assert c.window < 11.0
+
+
+def test_a_single_slow_answer_does_not_cut():
+    c, clock = make(initial_window=20, slow_start=False, min_latency_samples=2, latency_smoothing=0.5)
+    succeed(c, clock, 4, latency=0.1)
+    succeed(c, clock, 1, latency=0.5)  # smoothed 0.3 > 0.15 and the sample too: cut
+    assert c.stats.decreases == {"latency": 1}
+    succeed(c, clock, 1, latency=0.1)  # smoothed still 0.2 > 0.15, but this answer is fast: no cut
+    assert c.stats.decreases == {"latency": 1}

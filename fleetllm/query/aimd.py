@@ -5,7 +5,7 @@ The window of in-flight requests
 
 - starts at `initial_window` and, until the first congestion signal or until latency starts to
   rise (halfway to the tolerance, like TCP HyStart), grows by `slow_start_increase` per success
-  (slow start: x1.5 per round trip by default);
+  (slow start: doubling per round trip by default);
 - then grows additively, by `additive_increase / window` per success (about +1 per round trip),
   while requests succeed and latency holds;
 - shrinks multiplicatively by `backoff_factor` on 429, 503/504 and timeouts, and by
@@ -51,7 +51,7 @@ class AIMDConfig(BaseModel):
         True, description="Until the first congestion signal, grow by one per success (doubling per round trip)."
     )
     slow_start_increase: float = Field(
-        0.5, gt=0, le=1, description="Slow-start growth per success (0.5: x1.5 per round trip, 1: doubling)."
+        1.0, gt=0, le=1, description="Slow-start growth per success (1: doubling per round trip, 0.5: x1.5)."
     )
     additive_increase: float = Field(
         1.0, gt=0, description="Window growth per round trip of successes (added as increase/window per success)."
@@ -65,7 +65,7 @@ class AIMDConfig(BaseModel):
         "is tolerance/ratio (deeper the higher the latency), never below backoff_factor.",
     )
     latency_tolerance: float = Field(
-        1.5, gt=1, description="Overload when smoothed latency exceeds this multiple of the baseline latency."
+        2.0, gt=1, description="Overload when smoothed latency exceeds this multiple of the baseline latency."
     )
     latency_smoothing: float = Field(
         0.1, gt=0, le=1, description="Weight of a new latency sample in the exponential moving average."

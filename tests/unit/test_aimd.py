@@ -30,12 +30,12 @@ def succeed(c: AIMDController, clock: Clock, n: int, latency: float = 0.1) -> No
 
 
 def test_slow_start_grows_per_success_then_additive():
-    c, clock = make(initial_window=4, max_window=1000, slow_start_increase=1.0)
+    c, clock = make(initial_window=4, max_window=1000)
     succeed(c, clock, 4)
-    assert c.window == 8.0  # doubled over one window of successes
-    c2, clock2 = make(initial_window=4, max_window=1000)
+    assert c.window == 8.0  # default: doubled over one window of successes
+    c2, clock2 = make(initial_window=4, max_window=1000, slow_start_increase=0.5)
     succeed(c2, clock2, 4)
-    assert c2.window == 6.0  # default: x1.5 per window of successes
+    assert c2.window == 6.0  # x1.5 per window of successes
     t = c.try_acquire()
     clock.t += 0.01
     c.on_overload(t, Signal.RATE_LIMIT)
@@ -93,7 +93,7 @@ def test_slight_latency_rise_cuts_by_latency_backoff_factor():
 def test_slow_start_ends_when_latency_starts_rising():
     c, clock = make(initial_window=10, min_latency_samples=2, latency_tolerance=1.5, latency_smoothing=1.0)
     succeed(c, clock, 4, latency=0.1)
-    assert c.in_slow_start and c.window == 12.0
+    assert c.in_slow_start and c.window == 14.0
     succeed(c, clock, 1, latency=0.13)  # ratio 1.3 > 1.25 (halfway to 1.5): additive from now on
     assert not c.in_slow_start and c.stats.decreases == {}
 
@@ -183,10 +183,13 @@ def test_fast_return_after_a_latency_cut_when_latency_recovers():
     w = c.window
     succeed(c, clock, 1, latency=1.0)  # a stall: ratio 10 -> cut to half
     assert c.window == pytest.approx(w * 0.5) and c.recover_to == pytest.approx(w * 0.9)
-    succeed(c, clock, 4, latency=0.1)  # latency is back: +0.5 per success, not +1/window
-    assert c.window == pytest.approx(w * 0.5 + 2.0)
-    succeed(c, clock, 40, latency=0.1)
-    assert c.recover_to is None and c.window < w * 0.9 + 2.0  # then additive again (+1 per window)
+    succeed(c, clock, 4, latency=0.1)  # latency is back: +1 per success (slow-start speed), not +1/window
+    assert c.window == pytest.approx(w * 0.5 + 4.0)
+    succeed(c, clock, 6, latency=0.1)
+    assert c.recover_to is None and c.window >= w * 0.9
+    back = c.window
+    succeed(c, clock, 20, latency=0.1)  # then additive again: about +1 per window of successes
+    assert 0.5 < c.window - back < 1.2
 
 
 def test_no_fast_return_after_a_429():

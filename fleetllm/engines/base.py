@@ -46,6 +46,7 @@ class GenerationResult:
     completions: list[Completion] = field(default_factory=list)
     num_input_tokens: int = 0
     error: str | None = None
+    attempts: int | None = None  # HTTP attempts made for the row (engines that retry, e.g. openai)
 
     @classmethod
     def failed(cls, error: str, num_input_tokens: int = 0) -> "GenerationResult":
@@ -124,6 +125,7 @@ class Engine(abc.ABC):
 ENGINES = {
     "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",
     "vllm": "fleetllm.engines.vllm_engine:VLLMEngine",
+    "openai": "fleetllm.engines.openai_http:OpenAIHTTPEngine",
 }
 
 

@@ -1,0 +1,175 @@
+"""The OpenAI HTTP engine: any OpenAI-compatible endpoint (vLLM, a fleetllm server, a hosted API).
+
+`model.source` (the engine's model_path) is the served model id unless engine_kwargs.model is set.
+Requests with `messages` go to /chat/completions, requests with a raw `prompt` to /completions.
+Every request passes through one AIMD window (`fleetllm.query.aimd`) that lives as long as the
+engine, so the concurrency it learned carries over from one `generate` call to the next; retries
+follow `fleetllm.query.client`. A failed row comes back with `error` set and its `attempts`; none
+is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleetllm.engines.base import Completion, Engine, GenerationRequest, GenerationResult, clean_sampling
+from fleetllm.errors import EngineError, SpecError
+from fleetllm.query.aimd import AIMDConfig, AIMDController
+from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
+
+# Sampling keys the OpenAI API takes as named arguments; others travel in extra_body (vLLM reads
+# top_k, min_tokens, ignore_eos, repetition_penalty, chat_template_kwargs... from there).
+OPENAI_KEYS = {
+    "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
+    "presence_penalty", "frequency_penalty", "logit_bias", "user", "response_format", "tools",
+    "tool_choice", "timeout",
+}
+
+
+class OpenAIEngineKwargs(BaseModel):
+    """engine_kwargs of `engine: openai`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(..., description="Endpoint root, e.g. http://127.0.0.1:8000/v1.")
+    api_key: str | None = Field(None, description="API key; default: the variable named by api_key_env.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
+    model: str | None = Field(None, description="Served model id; default: model.source.")
+    timeout_s: float = Field(600.0, gt=0, description="Timeout of one HTTP attempt, in seconds.")
+    max_retries: int = Field(5, ge=0, description="Retries of a failing row (408/429/5xx/timeouts).")
+    retry: dict[str, Any] = Field(
+        default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s, jitter."
+    )
+    aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
+
+
+def parse_engine_kwargs(kwargs: dict[str, Any]) -> OpenAIEngineKwargs:
+    try:
+        return OpenAIEngineKwargs.model_validate(kwargs)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: "
+            + ("unknown setting" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise SpecError(
+            f"engine_kwargs for engine openai are invalid ({problems}); "
+            f"known settings: {sorted(OpenAIEngineKwargs.model_fields)}"
+        ) from None
+
+
+def openai_arguments(sampling: dict[str, Any], chat_template_kwargs: dict[str, Any] | None,
+                     chat: bool) -> dict[str, Any]:
+    """Split sampling settings into OpenAI keyword arguments and extra_body."""
+    args: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in clean_sampling(sampling).items():
+        if key == "extra_body":
+            extra.update(value or {})
+        elif key == "logprobs":
+            if chat:
+                args["logprobs"], args["top_logprobs"] = True, int(value)
+            else:
+                args["logprobs"] = int(value)
+        elif key in OPENAI_KEYS:
+            args[key] = value
+        else:
+            extra[key] = value
+    if chat and chat_template_kwargs:
+        extra["chat_template_kwargs"] = {**chat_template_kwargs, **extra.get("chat_template_kwargs", {})}
+    if extra:
+        args["extra_body"] = extra
+    return args
+
+
+def to_result(call: CallResult, n: int) -> GenerationResult:
+    """A GenerationResult (with `attempts`) from one row's CallResult."""
+    if call.error is not None:
+        result = GenerationResult.failed(call.error, num_input_tokens=call.prompt_tokens)
+    else:
+        per_choice = call.completion_tokens // max(1, len(call.choices)) if len(call.choices) > 1 \
+            else call.completion_tokens
+        completions = [Completion(text=c.text, num_generated_tokens=per_choice,
+                                  finish_reason=c.finish_reason or "stop", index=c.index)
+                       for c in call.choices]
+        result = GenerationResult(completions=completions, num_input_tokens=call.prompt_tokens)
+    result.attempts = call.attempts
+    return result
+
+
+class OpenAIHTTPEngine(Engine):
+    name = "openai"
+
+    def start(self) -> None:
+        self.settings = parse_engine_kwargs(self.engine_kwargs)
+        s = self.settings
+        self.served_model = s.model or self.model_path
+        self.api_key = s.api_key or os.environ.get(s.api_key_env)
+        self.controller = AIMDController(s.aimd)
+        self.retry = RetryPolicy(max_retries=s.max_retries, **s.retry)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="openai-engine-loop", daemon=True)
+        self._thread.start()
+        self.client: QueryClient = self._run(self._make_client()).result()
+
+    async def _make_client(self) -> QueryClient:
+        return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
+                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller)
+
+    def _run(self, coro) -> Future:
+        if getattr(self, "_loop", None) is None:
+            coro.close()
+            raise EngineError("the openai engine is not started; call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Send the batch under the AIMD window; one result per request, in order."""
+        return self.submit(requests).result()
+
+    def submit(self, requests: list[GenerationRequest]) -> Future:
+        """Start a batch on the engine's loop; a concurrent.futures.Future of its results."""
+        return self._run(self._generate(requests))
+
+    async def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: GenerationRequest) -> GenerationResult:
+        chat = request.messages is not None
+        args = openai_arguments(request.sampling, {**self.chat_template_kwargs,
+                                                   **(request.chat_template_kwargs or {})}, chat)
+        n = int(args.get("n", 1) or 1)
+        try:
+            if chat:
+                from fleetllm.engines.chat import normalize_messages
+
+                call = await self.client.chat(normalize_messages(request.messages), **args)
+            else:
+                call = await self.client.complete(request.prompt, **args)
+        except Exception as exc:  # a malformed row fails alone
+            return GenerationResult.failed(f"could not send the request: {exc}")
+        return to_result(call, n)
+
+    def stop(self) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return
+        try:
+            self._run(self.client.aclose()).result(timeout=10)
+        except Exception:
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(timeout=10)
+        loop.close()
+        self._loop = None
+
+    @property
+    def version(self) -> str:
+        import openai
+
+        return f"openai-{openai.__version__}"

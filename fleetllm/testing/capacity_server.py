@@ -1,0 +1,291 @@
+"""A capacity-limited OpenAI-compatible HTTP server: a test tool for clients, AIMD and benchmarks.
+
+It behaves like an inference server under load, without a model:
+
+- it serves `capacity` requests at a time (hidden from clients); each takes `latency_s`
+  (times `1 + batch_slowdown * active / capacity`, as a vLLM decode step slows with batch size);
+  requests past `capacity` wait in a FIFO queue, so latency grows with load, the way vLLM signals
+  overload;
+- past `hard_limit` requests in the system (serving + queued) it answers 429 with Retry-After;
+- `failure_rate` of requests fail at once with `failure_status` (503 by default);
+- `capacity=None` means no limit: every request takes exactly `latency_s` (fixed latency).
+
+POST /v1/chat/completions and /v1/completions return proper OpenAI bodies with usage. The reply
+echoes the prompt (the last user message), so a test can check each row got its own answer:
+content = "echo: " + prompt, cut to `max_tokens` words (finish_reason "length") when shorter.
+GET /v1/models lists `model`; GET /stats returns the counters.
+
+Use it from Python (`with CapacityServer(capacity=8) as srv: srv.base_url`; the server runs in a
+thread of this process by default, or in a subprocess with `subprocess=True`, which keeps the
+client's CPU work apart from the server's in benchmarks) or as a program:
+`python -m fleetllm.testing.capacity_server --capacity 16 --latency-s 0.05`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "capacity-test"
+
+
+@dataclass
+class ServerOptions:
+    capacity: int | None = 8
+    latency_s: float = 0.005
+    batch_slowdown: float = 0.0
+    hard_limit: int | None = None  # default: 4 x capacity (no limit when capacity is None)
+    retry_after_s: float = 1.0
+    failure_rate: float = 0.0
+    failure_status: int = 503
+    model: str = DEFAULT_MODEL
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"capacity is {self.capacity}; use a whole number >= 1, or None for no limit")
+        if not 0.0 <= self.failure_rate <= 1.0:
+            raise ValueError(f"failure_rate is {self.failure_rate}; use a fraction between 0 and 1")
+        if self.hard_limit is None and self.capacity is not None:
+            self.hard_limit = 4 * self.capacity
+
+
+@dataclass
+class ServerStats:
+    requests: int = 0
+    ok: int = 0
+    rate_limited: int = 0
+    failed: int = 0
+    max_in_system: int = 0
+    max_active: int = 0
+    prompts: dict[str, int] = field(default_factory=dict)  # prompt -> attempts seen
+
+
+def build_app(options: ServerOptions):
+    """The Starlette (ASGI) app; its counters live on `app.state.stats`."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    stats = ServerStats()
+    rng = random.Random(options.seed)
+    state = {"in_system": 0, "active": 0, "sem": None}
+
+    def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
+        return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
+                            status_code=status, headers=headers)
+
+    async def serve(body: dict[str, Any], chat: bool):
+        if chat:
+            messages = body.get("messages") or []
+            users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+            content = users[-1].get("content") if users else ""
+            prompt = content if isinstance(content, str) else json.dumps(content)
+        else:
+            prompt = body.get("prompt", "")
+            prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        stats.requests += 1
+        stats.prompts[prompt] = stats.prompts.get(prompt, 0) + 1
+        if body.get("model") != options.model:
+            return error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
+                         "NotFoundError")
+        if options.failure_rate and rng.random() < options.failure_rate:
+            stats.failed += 1
+            return error(options.failure_status, "injected failure", "ServiceUnavailable")
+        if options.hard_limit is not None and state["in_system"] >= options.hard_limit:
+            stats.rate_limited += 1
+            ra = options.retry_after_s
+            return error(429, "too many requests", "RateLimitError",
+                         {"retry-after": str(max(1, round(ra))), "retry-after-ms": str(int(ra * 1000))})
+        state["in_system"] += 1
+        stats.max_in_system = max(stats.max_in_system, state["in_system"])
+        try:
+            if options.capacity is None:
+                await asyncio.sleep(options.latency_s)
+            else:
+                if state["sem"] is None:
+                    state["sem"] = asyncio.Semaphore(options.capacity)
+                async with state["sem"]:
+                    state["active"] += 1
+                    stats.max_active = max(stats.max_active, state["active"])
+                    try:
+                        slow = 1.0 + options.batch_slowdown * state["active"] / options.capacity
+                        await asyncio.sleep(options.latency_s * slow)
+                    finally:
+                        state["active"] -= 1
+        finally:
+            state["in_system"] -= 1
+        words = ("echo: " + prompt).split(" ")
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 10**9
+        finish = "length" if len(words) > int(max_tokens) else "stop"
+        words = words[: int(max_tokens)]
+        text = " ".join(words)
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
+                 "total_tokens": len(prompt.split()) + len(words)}
+        stats.ok += 1
+        created = int(time.time())
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": finish, "logprobs": None}
+            return {"id": f"chatcmpl-{stats.requests}", "object": "chat.completion", "created": created,
+                    "model": options.model, "choices": [choice], "usage": usage}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"id": f"cmpl-{stats.requests}", "object": "text_completion", "created": created,
+                "model": options.model, "choices": [choice], "usage": usage}
+
+    async def reply(request, chat: bool):
+        try:
+            body = await request.json()
+        except ValueError:
+            return error(400, "the request body is not JSON", "BadRequestError")
+        out = await serve(body if isinstance(body, dict) else {}, chat)
+        return out if isinstance(out, JSONResponse) else JSONResponse(out)
+
+    async def chat_completions(request):
+        return await reply(request, chat=True)
+
+    async def completions(request):
+        return await reply(request, chat=False)
+
+    async def models(request):
+        return JSONResponse({"object": "list",
+                             "data": [{"id": options.model, "object": "model", "owned_by": "fleetllm"}]})
+
+    async def get_stats(request):
+        return JSONResponse(asdict(stats))
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/stats", get_stats, methods=["GET"]),
+    ])
+    app.state.stats = stats
+    return app
+
+
+class CapacityServer:
+    """Context manager running the server on 127.0.0.1 (a free port) in a thread or a subprocess."""
+
+    def __init__(self, *, subprocess: bool = False, **options: Any) -> None:
+        self.options = ServerOptions(**options)
+        self.use_subprocess = subprocess
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._proc: Any = None
+        self._app = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters (requests, ok, rate_limited, failed, max_in_system, prompts)."""
+        if self._app is not None:
+            return asdict(self._app.state.stats)
+        import httpx
+
+        return httpx.get(f"http://127.0.0.1:{self.port}/stats", timeout=10).json()
+
+    def __enter__(self) -> "CapacityServer":
+        if self.use_subprocess:
+            self._start_subprocess()
+        else:
+            self._start_thread()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _start_thread(self) -> None:
+        import uvicorn
+
+        self._app = build_app(self.options)
+        config = uvicorn.Config(self._app, host="127.0.0.1", port=0, log_level="warning",
+                                access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="capacity-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the capacity test server did not start")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+
+    def _start_subprocess(self) -> None:
+        o = self.options
+        cmd = [sys.executable, "-m", "fleetllm.testing.capacity_server", "--port", "0",
+               "--latency-s", str(o.latency_s), "--batch-slowdown", str(o.batch_slowdown),
+               "--retry-after-s", str(o.retry_after_s), "--failure-rate", str(o.failure_rate),
+               "--failure-status", str(o.failure_status), "--model", o.model]
+        if o.capacity is not None:
+            cmd += ["--capacity", str(o.capacity)]
+        if o.hard_limit is not None:
+            cmd += ["--hard-limit", str(o.hard_limit)]
+        if o.seed is not None:
+            cmd += ["--seed", str(o.seed)]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+        line = self._proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.close()
+            raise RuntimeError(f"the capacity test server did not start (said {line!r})")
+        self.port = int(line.split()[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            self._server = None
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import socket
+
+    import uvicorn
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one, printed as 'PORT n')")
+    p.add_argument("--capacity", type=int, default=None, help="requests served at a time (default: no limit)")
+    p.add_argument("--latency-s", type=float, default=0.005, help="service time of one request")
+    p.add_argument("--batch-slowdown", type=float, default=0.0, help="extra latency fraction at full batch")
+    p.add_argument("--hard-limit", type=int, default=None, help="429 past this many requests in the system")
+    p.add_argument("--retry-after-s", type=float, default=1.0, help="Retry-After of a 429")
+    p.add_argument("--failure-rate", type=float, default=0.0, help="fraction of requests failed at once")
+    p.add_argument("--failure-status", type=int, default=503, help="HTTP status of an injected failure")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="served model id")
+    p.add_argument("--seed", type=int, default=None, help="seed of the failure draws")
+    a = p.parse_args(argv)
+    options = ServerOptions(capacity=a.capacity, latency_s=a.latency_s, batch_slowdown=a.batch_slowdown,
+                            hard_limit=a.hard_limit, retry_after_s=a.retry_after_s, failure_rate=a.failure_rate,
+                            failure_status=a.failure_status, model=a.model, seed=a.seed)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", a.port))
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(build_app(options), log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

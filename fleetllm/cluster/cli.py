@@ -28,6 +28,10 @@ def _node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp-dir", help="Ray's temp/session folder for this node (default /tmp/ray)")
     p.add_argument("--block", action="store_true", help="stay in the foreground until the node stops")
     p.add_argument("--token", help="the cluster's auth token (default: $RAY_AUTH_TOKEN or ~/.ray/auth_token)")
+    p.add_argument(
+        "--ray-arg", action="append", default=[], metavar="FLAG",
+        help="extra `ray start` flag, repeatable (e.g. --ray-arg=--dashboard-agent-listen-port=52366)",
+    )
 
 
 def _add_cluster(sub: argparse._SubParsersAction) -> None:
@@ -80,6 +84,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
         node_ip_address=args.node_ip_address,
         temp_dir=os.path.abspath(args.temp_dir) if args.temp_dir else None,
         block=args.block,
+        extra_args=tuple(args.ray_arg),
     )
     if args.head:
         token = auth.ensure_head_token(args.token)

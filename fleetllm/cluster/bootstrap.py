@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,16 +177,53 @@ def _ray_env(token: Token | None) -> dict[str, str]:
     return env
 
 
+AUTH_FAILURE_MARKERS = ("InvalidAuthToken", "AuthenticationError", "Authentication token is missing")
+
+
 def run_ray(cmd: list[str], token: Token | None, timeout_s: float | None = None) -> int:
-    """Run a `ray` command with the token in its environment, its output passed through."""
+    """Run a `ray` command with the token in its environment, its output passed through.
+
+    Raises ClusterError at once when Ray reports that the cluster refused the token (retrying cannot help).
+    """
     sys.stdout.flush()
     try:
-        return subprocess.run(cmd, env=_ray_env(token), timeout=timeout_s, check=False).returncode
-    except subprocess.TimeoutExpired:
-        print(f"`{' '.join(cmd[:3])} ...` did not finish within {timeout_s:g} s", file=sys.stderr)
-        return 124
+        proc = subprocess.Popen(
+            cmd, env=_ray_env(token), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
     except FileNotFoundError:
         raise ClusterError(f"{cmd[0]!r} not found; install Ray (`pip install 'ray[default]'`)") from None
+    refused = threading.Event()
+
+    def pump() -> None:  # pass the output through, watching for an auth refusal
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if any(marker in line for marker in AUTH_FAILURE_MARKERS):
+                refused.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    timed_out = False
+    while proc.poll() is None:
+        if refused.is_set():
+            proc.kill()
+        elif deadline is not None and time.monotonic() > deadline:
+            timed_out = True
+            proc.kill()
+        time.sleep(0.2)
+    code = proc.wait()
+    reader.join(timeout=5)
+    if timed_out:
+        print(f"`{' '.join(cmd[:3])} ...` did not finish within {timeout_s:g} s", file=sys.stderr)
+    if refused.is_set():
+        raise ClusterError(
+            "the cluster refused this node's authentication token (InvalidAuthToken); use the head's token: "
+            "copy ~/.ray/auth_token from the head (or `ray get-auth-token` there) and pass --token or "
+            "set $RAY_AUTH_TOKEN"
+        )
+    return code
 
 
 def start_head(opts: HeadOptions, token: Token) -> int:

@@ -86,7 +86,18 @@ def test_driver_with_a_wrong_token_is_refused(cluster):
     proc = cluster.run(cluster.pair.head, [sys.executable, "-c", code], env=env, timeout=120)
     assert "CONNECTED" not in proc.stdout
     assert proc.returncode != 0
-    assert "auth" in (proc.stdout + proc.stderr).lower()
+    assert "InvalidAuthToken" in proc.stdout + proc.stderr
+
+
+def test_joining_with_a_wrong_token_fails_at_once_without_retrying(cluster, tmp_path):
+    env = dict(cluster.env, RAY_AUTH_TOKEN="1" * 32)
+    proc = cluster.run(cluster.pair.worker, fleetllm_argv(
+        "cluster", "start", "--address", cluster.address, "--node-ip-address", cluster.pair.worker_ip,
+        "--num-cpus", "1", "--temp-dir", str(tmp_path), "--retries", "5", "--retry-interval", "1",
+    ), env=env, timeout=150)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "refused this node's authentication token" in proc.stderr
+    assert "retrying" not in proc.stdout  # an auth refusal is not retried
 
 
 def test_cluster_wait_sees_both_nodes_and_times_out_clearly(cluster):

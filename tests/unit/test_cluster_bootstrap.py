@@ -195,3 +195,4 @@ def test_submission_refuses_a_spec_outside_the_working_dir(tmp_path):
         plan_submission(str(outside), tmp_path / "work")
     with pytest.raises(JobsError, match="does not exist"):
         plan_submission(str(Path(tmp_path / "work" / "nope.yaml")), tmp_path / "work")
+

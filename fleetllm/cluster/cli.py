@@ -243,6 +243,9 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     render.add_argument("--fleet", action="store_true", help="serve: AIBrix RayClusterFleet(s) instead of a RayService")
     render.add_argument("--max-surge", default="1", help="fleet: rolling update maxSurge (number or percent)")
     render.add_argument("--max-unavailable", default="0", help="fleet: rolling update maxUnavailable")
+    render.add_argument(
+        "--gateway", default="aibrix-system/aibrix-eg", help="serve: the HTTPRoute's Gateway as [NAMESPACE/]NAME"
+    )
     render.set_defaults(handler=_cmd_render)
 
 
@@ -251,14 +254,20 @@ def _int_or_percent(value: str) -> int | str:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    from fleetllm.cluster.k8s import render_spec_file, write_manifests
+    from fleetllm.cluster.k8s import is_serve_spec, job_path_notes, render_spec_file, write_manifests
     from fleetllm.cluster.k8s_pods import RenderOptions
+    from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
     opts = RenderOptions(image=args.image, namespace=args.namespace)
-    extra = {}
+    namespace, _, gateway = args.gateway.rpartition("/")
+    extra: dict = {"gateway": gateway, "gateway_namespace": namespace or args.namespace or "default"}
     if args.fleet:
-        extra = {"max_surge": _int_or_percent(args.max_surge), "max_unavailable": _int_or_percent(args.max_unavailable)}
+        extra.update(max_surge=_int_or_percent(args.max_surge), max_unavailable=_int_or_percent(args.max_unavailable))
     manifests = render_spec_file(args.spec, opts, fleet=args.fleet, replicas=args.replicas, **extra)
+    data = load_yaml(args.spec)
+    if not is_serve_spec(data):
+        for note in job_path_notes(parse_spec(JobSpec, data, args.spec)):
+            print(f"note: {note}", file=sys.stderr)
     for path in write_manifests(manifests, args.output):
         print(path)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from fleetllm.cluster.k8s_pods import (
     token_env,
     worker_group,
 )
+from fleetllm.cluster.serve_adapter import ServeView, parallel_gpus, serve_view
 from fleetllm.errors import SpecError
 from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
@@ -46,15 +46,6 @@ def _meta(name: str, opts: RenderOptions, labels: dict[str, str]) -> dict[str, A
 
 def _base_labels(name: str, opts: RenderOptions) -> dict[str, str]:
     return {"app.kubernetes.io/name": "fleetllm", "app.kubernetes.io/instance": name, **opts.labels}
-
-
-def parallel_gpus(engine_kwargs: dict[str, Any]) -> int:
-    """GPUs one engine replica spans: tensor_parallel_size x pipeline_parallel_size."""
-    tp = int(engine_kwargs.get("tensor_parallel_size", 1) or 1)
-    pp = int(engine_kwargs.get("pipeline_parallel_size", 1) or 1)
-    if tp < 1 or pp < 1:
-        raise SpecError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp}: both must be >= 1")
-    return tp * pp
 
 
 def worker_shape(gpus: int, cpus_per_replica: float, opts: RenderOptions) -> PodShape:
@@ -108,66 +99,19 @@ def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int 
     return [config_map(cm_name, "job.yaml", spec_text, labels, opts.namespace), rayjob]
 
 
-# ------------------------------------------------------------------------------------------- serve
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """The fields of one served model the manifests need."""
-
-    model_id: str
-    engine: str
-    gpus_per_replica: int
-    cpus_per_replica: float
-    replicas: int
-    min_replicas: int
-    max_replicas: int
-
-
-@dataclass(frozen=True)
-class ServeView:
-    """What the manifests read from a serve spec."""
-
-    name: str
-    models: list[ServedModel]
-    raw: dict[str, Any]
-
-
-def serve_view(data: dict[str, Any]) -> ServeView:
-    """Adapter from a serve spec to what the manifests need.
-
-    Reads the plain YAML mapping (the shape of fleetllm.serve.spec.ServeSpec: name, models[*].model_id,
-    engine, engine_kwargs, replicas, autoscaling{min_replicas,max_replicas}, cpus_per_replica,
-    gpus_per_replica). After ServeSpec is merged, swap the body for
-    `spec = ServeSpec.model_validate(data)` and read the same attributes.
-    """
-    models = data.get("models")
-    if not isinstance(models, list) or not models:
-        raise SpecError("serve spec: `models` must be a non-empty list of models to serve")
-    out = []
-    for i, model in enumerate(models):
-        if not isinstance(model, dict) or not model.get("model_id"):
-            raise SpecError(f"serve spec: models[{i}] needs a model_id")
-        engine = model.get("engine", "auto")
-        gpus = math.ceil(float(model.get("gpus_per_replica") or 0))
-        if gpus == 0 and engine in ("vllm", "auto") and parallel_gpus(model.get("engine_kwargs") or {}) > 1:
-            gpus = parallel_gpus(model["engine_kwargs"])
-        replicas = int(model.get("replicas") or 1)
-        auto = model.get("autoscaling") or {}
-        low = int(auto.get("min_replicas", replicas)) if auto else replicas
-        high = int(auto.get("max_replicas", replicas)) if auto else replicas
-        out.append(
-            ServedModel(
-                model_id=str(model["model_id"]),
-                engine=str(engine),
-                gpus_per_replica=gpus,
-                cpus_per_replica=float(model.get("cpus_per_replica") or 1),
-                replicas=max(replicas, low),
-                min_replicas=low,
-                max_replicas=max(high, replicas),
+def job_path_notes(job: JobSpec) -> list[str]:
+    """Warnings for paths that only exist on the machine that renders the manifests."""
+    notes = []
+    for field_name, path in (("input.path", job.input.path), ("output.path", job.output.path)):
+        if "://" not in path:
+            notes.append(
+                f"{field_name} {path!r} is a local path; inside the cluster use a URL (s3://, gs://, ...) "
+                "or a volume mounted at that path in the head and worker pods"
             )
-        )
-    return ServeView(name=str(data.get("name") or "fleetllm"), models=out, raw=data)
+    return notes
+
+
+# ------------------------------------------------------------------------------------------- serve
 
 
 def cluster_serve_spec(raw: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +284,14 @@ def is_serve_spec(data: dict[str, Any]) -> bool:
 
 
 def render_spec_file(
-    path: str | Path, opts: RenderOptions, *, fleet: bool = False, replicas: int | None = None, **fleet_kwargs: Any
+    path: str | Path,
+    opts: RenderOptions,
+    *,
+    fleet: bool = False,
+    replicas: int | None = None,
+    gateway: str = "aibrix-eg",
+    gateway_namespace: str = "aibrix-system",
+    **fleet_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """All manifests for a job or serve YAML file."""
     data = load_yaml(path)
@@ -349,7 +300,8 @@ def render_spec_file(
         if fleet:
             return render_fleet(view, opts, **fleet_kwargs)
         service = render_service(view, opts)
-        return [render_rayservice(view, opts), service, render_httproute(view, opts, service["metadata"]["name"])]
+        route = render_httproute(view, opts, service["metadata"]["name"], gateway, gateway_namespace)
+        return [render_rayservice(view, opts), service, route]
     if fleet:
         raise SpecError(f"{path} is a job spec; --fleet renders serve specs (a YAML with `models:`)")
     job = parse_spec(JobSpec, data, str(path))

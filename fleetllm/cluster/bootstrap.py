@@ -256,14 +256,19 @@ def join_cluster(
 
 def processes_using(temp_dir: str | Path) -> list[int]:
     """PIDs of the processes whose command line names `temp_dir` (the Ray processes of one node or
-    cluster started with --temp-dir), this process excluded."""
+    cluster started with --temp-dir); this process and its ancestors (e.g. the shell that ran
+    `fleetllm cluster stop --temp-dir ...`) are left out."""
+    import re
+
     import psutil
 
-    needle = str(Path(temp_dir).resolve())
+    needle = re.compile(re.escape(str(Path(temp_dir).resolve())) + r"(?=$|[/\s'\",=])")
+    me = psutil.Process()
+    spared = {me.pid} | {p.pid for p in me.parents()}
     pids = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info.get("cmdline") or [])
-        if needle in cmdline and proc.info["pid"] != os.getpid():
+        if proc.info["pid"] not in spared and needle.search(cmdline):
             pids.append(proc.info["pid"])
     return pids
 

@@ -196,3 +196,25 @@ def test_submission_refuses_a_spec_outside_the_working_dir(tmp_path):
     with pytest.raises(JobsError, match="does not exist"):
         plan_submission(str(Path(tmp_path / "work" / "nope.yaml")), tmp_path / "work")
 
+
+
+def test_processes_using_finds_only_that_temp_dir(tmp_path):
+    import subprocess
+    import sys
+
+    from fleetllm.cluster.bootstrap import processes_using, stop_temp_dir
+
+    mine, other = tmp_path / "ray", tmp_path / "ray2"
+    sleeper = "import time; time.sleep(60)"
+    a = subprocess.Popen([sys.executable, "-c", sleeper, f"--temp-dir={mine}"])
+    b = subprocess.Popen([sys.executable, "-c", sleeper, "--session-dir", f"{other}/session_1"])
+    try:
+        assert processes_using(mine) == [a.pid]
+        assert processes_using(other) == [b.pid]
+        assert stop_temp_dir(mine, grace_s=5) == [a.pid]
+        a.wait(timeout=5)  # ended (psutil may already have reaped it)
+        assert b.poll() is None
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait()

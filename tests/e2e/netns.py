@@ -181,11 +181,15 @@ def two_node_cluster(
     retries: int = 12,
     retry_interval_s: float = 5.0,
     object_store_memory: int = 100 * 1024 * 1024,
+    head_args: tuple[str, ...] = ("--no-dashboard",),
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[TwoNodeCluster]:
     """Start the worker's join (`fleetllm cluster start --address`), then after `head_delay_s` the head
-    (`fleetllm cluster start --head`); yields once the worker has joined. Stops both on exit."""
+    (`fleetllm cluster start --head`, plus `head_args`); yields once the worker has joined. Stops both
+    on exit. `extra_env` reaches both nodes' Ray processes (and so their workers) and the drivers."""
     token = secrets.token_hex(16)
     env = base_env(token)
+    env.update(extra_env or {})
     head_temp = tempfile.mkdtemp(prefix="flrh", dir="/tmp")  # short: Ray's socket paths have a length limit
     worker_temp = tempfile.mkdtemp(prefix="flrw", dir="/tmp")
     address = f"{pair.head_ip}:{GCS_PORT}"
@@ -206,7 +210,7 @@ def two_node_cluster(
         head = cluster.run(pair.head, fleetllm_argv(
             "cluster", "start", "--head", "--port", str(GCS_PORT), "--node-ip-address", pair.head_ip,
             "--num-cpus", str(head_cpus), "--num-gpus", "0", "--object-store-memory", memory,
-            "--temp-dir", head_temp, "--no-dashboard",
+            "--temp-dir", head_temp, *head_args,
         ), timeout=180)
         cluster.head_output = head.stdout + head.stderr
         if head.returncode != 0:

@@ -1,0 +1,144 @@
+"""Wait until a Ray cluster has the GPUs / CPUs a job needs.
+
+`wait_until` is the pure loop (clock, sleep and the resource reader injected); `wait_for_resources`
+connects it to Ray (`ray.cluster_resources()` of the connected cluster). The batch runner calls
+`wait_for_resources(gpus=..., cpus=..., timeout_s=...)` for a job's `compute.wait_for`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from fleetllm.errors import PlanError
+
+
+class ResourceTimeout(PlanError):
+    """The cluster did not reach the wanted resources in time."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the cluster had at one poll."""
+
+    resources: dict[str, float]
+    nodes: int
+
+    def describe(self) -> str:
+        gpus = self.resources.get("GPU", 0)
+        cpus = self.resources.get("CPU", 0)
+        return f"{gpus:g} GPU(s), {cpus:g} CPU(s) on {self.nodes} node(s)"
+
+
+def wanted(gpus: float | None, cpus: float | None) -> dict[str, float]:
+    """The resource mapping to wait for; at least one of gpus/cpus must be given."""
+    need = {name: float(value) for name, value in (("GPU", gpus), ("CPU", cpus)) if value is not None}
+    if not need:
+        raise PlanError("wait for what? give gpus and/or cpus (e.g. `fleetllm cluster wait --gpus 8`)")
+    for name, value in need.items():
+        if value <= 0:
+            raise PlanError(f"wait for {value:g} {name}(s)? give a number above 0")
+    return need
+
+
+def satisfied(snapshot: Snapshot, need: dict[str, float]) -> bool:
+    """True when every wanted resource is present in at least the wanted amount."""
+    return all(snapshot.resources.get(name, 0.0) >= amount for name, amount in need.items())
+
+
+def wait_until(
+    read: Callable[[], Snapshot],
+    need: dict[str, float],
+    *,
+    timeout_s: float,
+    poll_s: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] = print,
+) -> Snapshot:
+    """Poll `read()` until it satisfies `need` or `timeout_s` passes.
+
+    Logs what the cluster has whenever it changes (and once at the start). Returns the satisfying
+    snapshot; raises ResourceTimeout with the last snapshot on timeout.
+    """
+    want = ", ".join(f"{amount:g} {name}(s)" for name, amount in need.items())
+    start = clock()
+    last: Snapshot | None = None
+    while True:
+        snapshot = read()
+        if satisfied(snapshot, need):
+            log(f"cluster ready: {snapshot.describe()} (wanted {want})")
+            return snapshot
+        elapsed = clock() - start
+        if last is None or snapshot != last:
+            log(f"waiting for {want}: the cluster has {snapshot.describe()} ({elapsed:.0f} s elapsed)")
+        last = snapshot
+        if elapsed >= timeout_s:
+            raise ResourceTimeout(
+                f"waited {timeout_s:g} s for {want}, but the cluster has only {snapshot.describe()}; "
+                "start more nodes (`fleetllm cluster start --address HEAD:PORT` on each), lower the "
+                "request, or raise the timeout (compute.wait_timeout_s / --timeout)"
+            )
+        sleep(min(poll_s, timeout_s - elapsed))
+
+
+def ray_snapshot() -> Snapshot:
+    """The connected Ray cluster's total resources and alive node count."""
+    import ray
+
+    resources = {k: float(v) for k, v in ray.cluster_resources().items()}
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    return Snapshot(resources=resources, nodes=nodes)
+
+
+def connect(address: str | None, token: str | None = None) -> bool:
+    """Connect this process to the Ray cluster at `address` (default $RAY_ADDRESS) as a driver, with the
+    cluster token when one is found. Returns True when this call connected (the caller disconnects)."""
+    import os
+
+    import ray
+
+    from fleetllm.cluster.auth import apply_to_process, find_token
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise PlanError(
+            "which cluster? give --address HOST:PORT (the head's GCS address) or set $RAY_ADDRESS"
+        )
+    found = find_token(token)
+    if found is not None:
+        apply_to_process(found)
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def wait_for_resources(
+    gpus: float | None = None,
+    cpus: float | None = None,
+    timeout_s: float = 600.0,
+    *,
+    address: str | None = None,
+    poll_s: float = 2.0,
+    log: Callable[[str], None] = print,
+) -> Snapshot:
+    """Block until the Ray cluster has at least `gpus` GPUs and `cpus` CPUs in total.
+
+    Uses the Ray connection of this process when there is one, else connects to `address`
+    (or $RAY_ADDRESS) and disconnects afterwards. Raises ResourceTimeout after `timeout_s`.
+
+    Example::
+
+        wait_for_resources(gpus=8, timeout_s=900)   # before starting 4 replicas of a TP=2 model
+    """
+    import ray
+
+    need = wanted(gpus, cpus)
+    connected_here = connect(address)
+    try:
+        return wait_until(ray_snapshot, need, timeout_s=timeout_s, poll_s=poll_s, log=log)
+    finally:
+        if connected_here:
+            ray.shutdown()

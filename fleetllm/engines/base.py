@@ -62,13 +62,18 @@ class GenerationResult:
 
 @dataclass
 class StreamDelta:
-    """One step of a streamed completion (serving)."""
+    """One step of a streamed completion (serving).
+
+    `text` is the new text since the previous delta of the same `index`; `num_generated_tokens` counts
+    the tokens of that completion so far (cumulative); `logprobs` holds entries for the new tokens.
+    """
 
     index: int
     text: str
     num_generated_tokens: int
     finish_reason: str | None = None
     num_input_tokens: int = 0
+    logprobs: list[dict[str, Any]] | None = None
 
 
 def clean_sampling(sampling: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -188,6 +189,17 @@ def plan_replicas(
                      f"{PLACEMENT_STRATEGY}; vLLM workers on Ray (distributed_executor_backend=ray)")
     return ReplicaPlan(engine=engine, replicas=count, gpus_per_replica=gpus, cpus_per_replica=cpus_per_replica,
                        bundles=bundles, uses_placement_group=uses_pg, description=tuple(lines))
+
+
+def plan_for_spec(model: Any, compute: Any, resources: Mapping[str, float]) -> ReplicaPlan:
+    """choose_engine + plan_replicas for a job's ModelSpec and ComputeSpec (fleetllm.spec).
+
+    The plan's first description line says which engine was chosen and why.
+    """
+    engine, reason = choose_engine(model.engine, gpus=float(resources.get("GPU", 0) or 0))
+    plan = plan_replicas(engine, model.engine_kwargs, compute.replicas, compute.cpus_per_replica,
+                         compute.gpus_per_replica, resources)
+    return dataclasses.replace(plan, description=(reason,) + plan.description)
 
 
 def engine_kwargs_for(plan: ReplicaPlan, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -243,6 +243,8 @@ class VLLMEngine(Engine):
         return list(await asyncio.gather(*(one(item) for item in prepared)))
 
     def _prepare_batch(self, requests: list[GenerationRequest]) -> list[Any]:
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
         prepared: list[Any] = []
         for req in requests:
             try:
@@ -266,6 +268,8 @@ class VLLMEngine(Engine):
 
         Raises RowError for a request that cannot be served (prompt too long, bad sampling option).
         """
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
         ids, params = self._prepare(request, delta=True)
         caller = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()

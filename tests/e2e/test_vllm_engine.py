@@ -131,3 +131,12 @@ def test_stream_refuses_a_prompt_past_max_model_len(engine):
 
     with pytest.raises(RowError, match="max_model_len"):
         asyncio.run(run())
+
+
+def test_unknown_engine_kwargs_are_refused_before_anything_starts(embedded_model):
+    from fleetllm.errors import EngineError
+
+    eng = create_engine("vllm", embedded_model, engine_kwargs={"max_modle_len": 512})
+    with pytest.raises(EngineError, match=r"\['max_modle_len'\] are not vLLM engine arguments"):
+        eng.start()
+    assert eng._loop is None and eng._llm is None

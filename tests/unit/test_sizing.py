@@ -105,3 +105,17 @@ def test_vllm_missing_names_the_install_command(monkeypatch):
 
 def test_module_docstring_example_runs():
     assert doctest.testmod(sizing).failed == 0
+
+
+def test_plan_for_spec_reads_the_job_spec():
+    from fleetllm.sizing import plan_for_spec
+    from fleetllm.spec import ComputeSpec, ModelSpec
+
+    model = ModelSpec(engine="transformers")
+    plan = plan_for_spec(model, ComputeSpec(replicas="auto", cpus_per_replica=2), {"CPU": 8.0})
+    assert plan.engine == "transformers" and plan.replicas == 4
+    assert plan.description[0] == "engine: transformers was requested"
+    if importlib.util.find_spec("vllm") is not None:
+        tp2 = plan_for_spec(ModelSpec(engine="auto", engine_kwargs={"tensor_parallel_size": 2}),
+                            ComputeSpec(replicas="auto"), GPU8)
+        assert (tp2.engine, tp2.replicas, tp2.uses_placement_group) == ("vllm", 4, True)

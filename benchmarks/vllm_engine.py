@@ -1,8 +1,9 @@
 """Bare vLLM vs fleetllm's VLLMEngine, and a sync (vllm.LLM) vs async (AsyncLLM) replica.
 
 Same chats, same token ids, same sampling (greedy, ignore_eos, so every row generates exactly
---max-tokens tokens) on the embedded model. Both engines are started once and warmed up, then the legs run interleaved, --repeats times
-(median reported; the machine may be shared, so compare ratios within one run):
+--max-tokens tokens) on the embedded model. Both engines are started once and warmed up, then the
+legs run interleaved, --repeats times (median reported; the machine may be shared, so compare ratios
+within one run):
 
   bare LLM.generate, all rows     vllm.LLM.generate on all rows in one call (the baseline)
   VLLMEngine.generate, all rows   fleetllm's engine (AsyncLLM inside) on the same rows in one call

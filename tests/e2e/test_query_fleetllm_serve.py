@@ -36,17 +36,19 @@ def test_ai_query_against_fleetllm_serve(ray_local, embedded_model):
 
     import fleetllm
 
+    from fleetllm.serve.run import run_serve, stop_serve
+    from fleetllm.serve.spec import ServeSpec
+
     port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    config = serve_pkg.LLMConfig.model_validate({"model_id": "smollm2", "model_source": embedded_model,
-                                                 "engine": "transformers"})
-    serve.run(serve_pkg.build_openai_app(config), route_prefix="/")
+    spec = ServeSpec.model_validate({"name": "query-e2e", "port": port, "models": [
+        {"model_id": "smollm2", "source": embedded_model, "engine": "transformers"}]})
+    run_serve(spec)
     try:
         ds = ray_local.data.from_items([{"q": f"What is {i} + {i}?"} for i in range(4)])
         rows = fleetllm.ai_query(ds, "smollm2", prompt_col="q", base_url=f"http://127.0.0.1:{port}/v1",
                                  options={"max_tokens": 8, "temperature": 0.0}, concurrency=1).take_all()
     finally:
-        serve.shutdown()
+        stop_serve(shutdown_ray=False)
     assert len(rows) == 4
     for r in rows:
         assert r["generated_text"]["error"] is None and r["generated_text"]["content"]

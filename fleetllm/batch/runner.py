@@ -272,6 +272,8 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     by_id = {s.shard_id: s for s in plan.pending}
     writer = shard_writer(spec.output.format)
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
+    first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
+    last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
     try:
         if plan.pending:
             ds = build_dataset(plan, preprocessor, groups)
@@ -279,17 +281,25 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
                 if not ready_at and "_ready" in batch.column_names:
                     ready_at.append(min(batch.column("_ready").to_pylist()))
+                if "_started" in batch.column_names:
+                    first_call = min([first_call, *batch.column("_started").to_pylist()])
+                    last_done = max([last_done, *batch.column("_finished").to_pylist()])
                 for sid, table in assembler.add(batch):
                     entry = _commit_shard(out, plan, by_id[sid], table, writer)
                     for k in totals:
                         totals[k] += getattr(entry, k)
                     progress.advance(entry.rows, entry.output_tokens, entry.errors)
+                    last_commit = time.time()
     finally:
         progress.close()
         sizing.release_placement_groups(groups)
     wall = time.time() - t0
-    generation_wall = time.time() - (ready_at[0] if ready_at else t_engine)
+    generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
+    report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping, placement groups freed
+    if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
+        report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
+        report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit
     writer.finalize(out, plan)
     out.write_report(report)
     rate = report["error_rate"]

@@ -16,7 +16,8 @@ from fleetllm.errors import FleetError
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
-INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_input_error", "_raw", "sampling_params")
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
+                    "sampling_params")
 
 
 class TemplatePreprocessor:
@@ -169,6 +170,7 @@ class EngineStage:
     def __call__(self, batch):
         import pyarrow as pa
 
+        started = time.time()
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
         todo, requests = [], []
         for i, row in enumerate(rows):
@@ -180,6 +182,7 @@ class EngineStage:
             except (FleetError, ValueError, TypeError) as exc:
                 row["error"] = f"invalid row: {exc}"
         results, attempts = generate_with_retries(self.engine.generate, requests, self.max_retries)
+        finished = time.time()
         n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])
         done = {i: (res, att) for i, res, att in zip(todo, results, attempts)}
         out = []
@@ -194,5 +197,7 @@ class EngineStage:
                     row["completions"] = []
             row["_node"] = self.node_id
             row["_ready"] = self.ready_at
+            row["_started"] = started
+            row["_finished"] = finished
             out.append(row)
         return pa.Table.from_pylist(out)

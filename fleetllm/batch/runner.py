@@ -119,9 +119,13 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         resources, sized_for = local_resources(), "this machine; a run sizes for the cluster it connects to"
     replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
     engine, reason = replica_plan.engine, replica_plan.description[0]
-    model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run) \
-        if not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)) \
-        else models.ResolvedModel(spec.model.source, "embedded", str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+    if engine == "openai":  # a model behind an endpoint: nothing to look up or pull
+        model = models.served(spec.model.source)
+    elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
+        model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
+    else:
+        model = models.ResolvedModel(spec.model.source, "embedded",
+                                     str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
     files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
     shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
-import pytest
 import yaml
 
 from fleetllm.testing.capacity_server import CapacityServer
@@ -105,9 +104,6 @@ def test_query_refuses_another_engine_and_a_missing_base_url(tmp_path):
     assert proc.returncode == 2 and "base_url: Field required" in proc.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="fleetllm.batch.runner.plan_job still resolves model.source as a local "
-                   "or hub model for engine openai; it must use models.served(source) (see the query branch "
-                   "report). Remove this marker once it does.")
 def test_example_query_yaml_plans(tmp_path):
     proc = fleetllm("query", "examples/query.yaml", "--dry-run", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-import pytest
 
 from fleetllm.batch.stages import EngineStage
 from fleetllm.testing.capacity_server import CapacityServer

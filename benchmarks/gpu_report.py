@@ -30,7 +30,7 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         })
     machine = next((d["machine"] for d in docs if "machine" in d), {})
     missing = [{"leg": leg["leg"], "why": leg.get("skipped") or leg.get("failed", "")[-600:]}
-               for leg in legs.values() if "results" not in leg]
+               for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
     return {"machine": machine, "pairs": pairs, "legs": list(legs.values()), "not_measured": missing}
 
 
@@ -47,7 +47,9 @@ def table(doc: dict[str, Any]) -> str:
         t.add_row(p["engine"], p["shape"], p["workload"], fmt(p["bare_tokens_per_s"], ",.0f"),
                   fmt(p["fleetllm_tokens_per_s"], ",.0f"), fmt(p["ratio"], ".3f"), fmt(p["gpu_busy_bare"], ".2f"),
                   fmt(p["gpu_busy_fleetllm"], ".2f"))
-    console = Console(record=True, width=140)
+    import io
+
+    console = Console(record=True, width=140, file=io.StringIO())
     console.print(t)
     for m in doc.get("not_measured", []):
         console.print(f"not measured: {m['leg']}: {m['why'][:300]}")

@@ -28,7 +28,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -73,6 +72,12 @@ class GpuSampler:
 # --- legs (each in its own process) -------------------------------------------------------------
 
 
+def emit(results: list[dict], result: dict) -> None:
+    """Keep and print a workload's result at once: a leg cut short still reports what it measured."""
+    results.append(result)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def leg_bare_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: GpuSampler) -> list[dict]:
     from vllm import LLM, SamplingParams
 
@@ -89,7 +94,7 @@ def leg_bare_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: Gp
         outs = llm.generate(prompts, params, use_tqdm=False)
         t1 = time.time()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        results.append({"workload": name, "rows": len(rows), "output_tokens": tokens,
+        emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
                         "input_tokens": sum(len(p["prompt_token_ids"]) for p in prompts),
                         "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0),
                         "gpu_busy": gpu.busy(t0, t1), "engine_start_s": start_s})
@@ -129,7 +134,7 @@ def leg_bare_transformers(model: str, workloads: list[str], engine_kwargs: dict,
                 tokenizer.decode(seq[:lim], skip_special_tokens=True)
                 tokens += min(len(seq), lim)
         t1 = time.time()
-        results.append({"workload": name, "rows": len(rows), "output_tokens": tokens,
+        emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
                         "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
                         "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
                         "engine_start_s": start_s})
@@ -155,19 +160,23 @@ def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: d
             "input": {"path": str(src), "id_column": "id"},
             "prompt": {"template": "{text}"},  # rows carry their own sampling_params
             "output": {"path": str(workdir / f"out-{engine}-{name}"), "format": "parquet", "shard_rows": 1000},
-            "compute": {"replicas": 1, "batch_size": batch_size, "cpus_per_replica": 1},
+            # vllm: compute.batch_size left out, so a replica takes whole shards (fleetllm's default)
+            "compute": {"replicas": 1, "cpus_per_replica": 1,
+                        **({"batch_size": batch_size} if engine != "vllm" else {})},
         })
         t0 = time.time()
         report = run_job(spec, overwrite=True)
         t1 = time.time()
         assert report["complete"] and report["errors"] == 0, report
         gen = report["generation_wall_s"]
-        results.append({"workload": name, "rows": report["rows"], "output_tokens": report["output_tokens_computed"],
+        emit(results, {"workload": name, "rows": report["rows"], "output_tokens": report["output_tokens_computed"],
                         "input_tokens": report["input_tokens"], "seconds": gen,
                         "output_tokens_per_s": report["output_tokens_per_s_after_engine_start"],
                         "gpu_busy": gpu.busy(t1 - gen, t1), "end_to_end_s": t1 - t0,
                         "engine_start_s": round(t1 - t0 - gen, 1),
-                        "batches_in_flight": report.get("batches_in_flight_per_replica")})
+                        **{k: report.get(k) for k in ("batches_in_flight_per_replica", "rows_per_engine_call",
+                                                      "first_batch_after_ready_s", "commit_after_last_batch_s",
+                                                      "teardown_s")}})
     return results
 
 
@@ -184,6 +193,8 @@ def run_leg(spec: dict) -> list[dict]:
             return leg_fleetllm(engine, spec["model"], spec["workloads"], kwargs, spec["batch_size"], gpu, Path(tmp))
     finally:
         gpu.close()
+        if "ray" in sys.modules:
+            sys.modules["ray"].shutdown()
 
 
 # --- orchestration ------------------------------------------------------------------------------
@@ -227,13 +238,24 @@ def run(args) -> None:
                 proc = subprocess.CompletedProcess(exc.cmd, -9, _text(exc.stdout), _text(exc.stderr) + "\ntimed out")
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             entry["wall_s"] = round(time.time() - t0, 1)
-            if proc.returncode == 0 and lines:
-                entry["results"] = json.loads(lines[-1][len("RESULT "):])
-            else:
-                entry["failed"] = (proc.stdout[-1500:] + "\n" + proc.stderr[-4000:])
+            entry["results"] = [json.loads(ln[len("RESULT "):]) for ln in lines]
+            if proc.returncode != 0:
+                entry["failed"] = (proc.stdout[-1500:] + "\n" + proc.stderr[-6000:])
+            wait_gpu_free()
         print(json.dumps(entry)[:3000], flush=True)
         doc["legs"] = [x for x in doc["legs"] if x["leg"] != leg] + [entry]
         out.write_text(json.dumps(doc, indent=1))
+
+
+def wait_gpu_free(timeout_s: float = 30) -> None:
+    """Let a finished leg's processes release the GPU before the next leg starts its engine."""
+    end = time.time() + timeout_s
+    while shutil.which("nvidia-smi") and time.time() < end:
+        used = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True).stdout.split()
+        if not used or float(used[0]) < 2048:
+            return
+        time.sleep(1)
 
 
 def _text(data: bytes | str | None) -> str:
@@ -281,7 +303,7 @@ def main() -> None:
     if args.cmd == "run":
         run(args)
     elif args.cmd == "leg":
-        print("RESULT " + json.dumps(run_leg(json.loads(args.spec))), flush=True)
+        run_leg(json.loads(args.spec))
     else:
         report(args.inputs, Path(args.out), Path(args.png) if args.png else None)
 

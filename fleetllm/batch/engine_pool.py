@@ -6,10 +6,13 @@ both place replicas the same way:
 - one actor per replica, sized by `fleetllm.sizing` (GPUs = tensor x pipeline parallel size on vLLM,
   a placement group per replica when that is more than one);
 - engines that take batches from several threads at once (`Engine.concurrent_batches`: vLLM's async
-  engine, the openai engine) get several batches in flight per replica, so the engine's running
-  batch stays full while a finished batch travels back and the next one arrives. A replica that
-  drains one synchronous batch before it may start the next starves vLLM: ../shared/gpu/README.md
-  measured 0.40 of bare vLLM that way with batches of 64.
+  engine, the openai engine) get several calls in flight per replica, so the engine's running batch
+  stays full while a finished call travels back and the next one arrives. A replica that drains one
+  synchronous batch before it may start the next starves vLLM: ../shared/gpu/README.md measured 0.40
+  of bare vLLM that way with batches of 64.
+- in `fleetllm run` such an engine is handed a whole shard per call (unless compute.batch_size is
+  set): Ray Data runs the batches of one block one after another, so smaller calls would cap a
+  replica at batch_size x calls in flight.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ def engine_is_concurrent(engine: str) -> bool:
     return bool(engine_class(engine).concurrent_batches)
 
 
-def batches_in_flight(engine: str, batch_size: int, requested: int | str = "auto") -> int:
-    """Batches one replica works on at once: 1 for engines that take one batch at a time; for
-    concurrent engines `requested`, or (auto) enough batches for TARGET_ROWS_IN_FLIGHT rows."""
+def batches_in_flight(engine: str, rows_per_call: int, requested: int | str = "auto") -> int:
+    """Calls one replica works on at once: 1 for engines that take one batch at a time; for
+    concurrent engines `requested`, or (auto) enough calls for TARGET_ROWS_IN_FLIGHT rows, at least 2
+    (the next call runs while the last rows of the previous one finish)."""
     if not engine_is_concurrent(engine):
         return 1
     if requested != "auto":
         return int(requested)
-    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / batch_size)))
+    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / rows_per_call)))
 
 
 @dataclass
@@ -50,7 +54,7 @@ class EnginePool:
     model_path: str
     engine_kwargs: dict[str, Any]
     replica_plan: ReplicaPlan
-    batch_size: int
+    batch_size: int | None  # rows per engine call; None: a whole block (a shard, in `fleetllm run`)
     in_flight: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
@@ -84,5 +88,5 @@ class EnginePool:
         return kwargs
 
     def describe(self) -> str:
-        return (f"{self.replica_plan.replicas} replica(s), {self.in_flight} batch(es) of {self.batch_size} "
-                f"rows in flight per replica")
+        call = f"batch(es) of {self.batch_size} rows" if self.batch_size else "whole shard(s)"
+        return f"{self.replica_plan.replicas} replica(s), {self.in_flight} {call} in flight per replica"

@@ -24,7 +24,7 @@ from fleetllm import sizing
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
 from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
 from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
-from fleetllm.batch.engine_pool import EnginePool, batches_in_flight
+from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
@@ -48,6 +48,7 @@ class JobPlan:
     replica_plan: ReplicaPlan
     in_flight: int = 1
     sized_for: str = "the connected Ray cluster"
+    rows_per_call: int | None = None  # None: a whole shard per engine call
 
     @property
     def replicas(self) -> int:
@@ -71,8 +72,9 @@ class JobPlan:
             f"job        {s.name}",
             f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
             f"engine     {self.engine} ({self.engine_reason})",
-            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of "
-            f"{s.compute.batch_size} rows in flight per replica (sized for {self.sized_for})",
+            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} "
+            + (f"batch(es) of {self.rows_per_call} rows" if self.rows_per_call else "whole shard(s)")
+            + f" in flight per replica (sized for {self.sized_for})",
             *(f"           {line}" for line in self.replica_plan.description[1:]),
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
@@ -145,9 +147,18 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     else:
         out.prepare(fp, parts, overwrite)
         pending, committed = out.pending(shards, fp)
-    in_flight = batches_in_flight(engine, spec.compute.batch_size, spec.compute.batches_in_flight)
+    rows_per_call = rows_per_engine_call(spec, engine)
+    in_flight = batches_in_flight(engine, rows_per_call or spec.output.shard_rows, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replica_plan, in_flight, sized_for)
+                   replica_plan, in_flight, sized_for, rows_per_call)
+
+
+def rows_per_engine_call(spec: JobSpec, engine: str) -> int | None:
+    """compute.batch_size; None (a whole shard per call) on engines that batch continuously when
+    batch_size is left at its default: the engine schedules the shard's rows itself."""
+    if engine_is_concurrent(engine) and "batch_size" not in spec.compute.model_fields_set:
+        return None
+    return spec.compute.batch_size
 
 
 def init_ray(address: str | None, min_cpus: float = 1) -> None:
@@ -194,7 +205,7 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
 def engine_pool(plan: JobPlan, placement_groups: list | None = None) -> EnginePool:
     spec = plan.spec
     return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
-                      replica_plan=plan.replica_plan, batch_size=spec.compute.batch_size,
+                      replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
                       max_retries=spec.compute.max_retries, placement_groups=list(placement_groups or []))
 
@@ -386,6 +397,7 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "engine": {"name": plan.engine, "version": engine_version(plan.engine), "why": plan.engine_reason},
         "replicas": plan.replicas,
         "batches_in_flight_per_replica": plan.in_flight,
+        "rows_per_engine_call": plan.rows_per_call or "shard",
         "resources_per_replica": plan.resources,
         "nodes": nodes,
         "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},

@@ -257,8 +257,21 @@ class VLLMEngine(Engine):
         return prepared
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Serve a batch; thread-safe: batches from several threads share vLLM's running batch."""
-        return self._submit(self._generate_all(self._prepare_batch(requests))).result()
+        """Serve a batch; thread-safe: batches from several threads share vLLM's running batch.
+
+        Each request goes to vLLM as soon as its prompt is tokenized, so the engine starts on the
+        first rows of a large batch (a whole shard) while the rest are still being prepared."""
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
+        pending: list[Any] = []
+        for req in requests:
+            try:
+                ids, params = self._prepare(req)
+            except RowError as exc:
+                pending.append(GenerationResult.failed(str(exc)))
+                continue
+            pending.append(self._submit(self._generate_one(ids, params, self._request_id(req))))
+        return [p if isinstance(p, GenerationResult) else p.result() for p in pending]
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`generate` for callers on an event loop (does not block it)."""

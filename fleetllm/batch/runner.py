@@ -157,7 +157,7 @@ def rows_per_engine_call(spec: JobSpec, engine: str) -> int | None:
     """compute.batch_size; None (a whole shard per call) on engines that batch continuously when
     batch_size is left at its default: the engine schedules the shard's rows itself."""
     if engine_is_concurrent(engine) and "batch_size" not in spec.compute.model_fields_set:
-        return None
+        return spec.output.shard_rows  # a shard is one block: one call (Ray Data needs a batch_size on GPUs)
     return spec.compute.batch_size
 
 

@@ -68,6 +68,7 @@ class VLLMEngine(Engine):
 
     name = "vllm"
     concurrent_batches = True
+    usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference; the server sets OPENAI_API_SERVER
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -113,8 +114,15 @@ class VLLMEngine(Engine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetllm-vllm", daemon=True)
         self._thread.start()
 
+        from vllm.usage.usage_lib import UsageContext
+
+        # vLLM sizes its scheduler by usage context: the engine context gets max_num_seqs=128 and
+        # max_num_batched_tokens=2048, vllm.LLM (offline batch) 1024 and 16384 on H100/H200-class GPUs.
+        # Batch jobs are the LLM class's use; serving passes OPENAI_API_SERVER. engine_kwargs override both.
+        context = getattr(UsageContext, self.usage_context)
+
         async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs))
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs), usage_context=context)
 
         try:
             self._llm = self._run(make())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -98,3 +99,47 @@ def test_remote_args_fn_uses_reserved_groups_then_reserves_more(gpu_cluster):
     assert second.id != first.id and len(live_groups(ray)) == 1
     release_placement_groups([second])
     assert ray_remote_args(plan(1)) == {"num_cpus": 1.0, "num_gpus": 1}
+
+
+def _job(tmp_path, model: str, **compute):
+    from fleetllm.spec import JobSpec
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"q": "hi"}\n' * 10)
+    return JobSpec.model_validate({
+        "model": {"source": model, "engine": "vllm", "engine_kwargs": {"tensor_parallel_size": compute.pop("tp", 1)}},
+        "input": {"path": str(src)}, "prompt": {"template": "{q}"},
+        "output": {"path": str(tmp_path / "out")}, "compute": compute})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_cluster, embedded_model, tmp_path):
+    from fleetllm.batch.runner import engine_pool, plan_job
+
+    plan = plan_job(_job(tmp_path, embedded_model, replicas="auto", tp=2), resources=cluster_resources())
+    assert (plan.replicas, plan.resources) == (2, {"CPU": 1.0, "GPU": 2})
+    assert plan.engine_kwargs["distributed_executor_backend"] == "ray"  # workers go on the group's GPUs
+    groups = reserve_placement_groups(plan.replica_plan, timeout_s=60)
+    try:
+        kwargs = engine_pool(plan, groups).map_batches_kwargs()
+        assert kwargs["compute"].max_concurrent_calls_per_actor >= 2  # vLLM keeps several calls in flight
+        assert "num_gpus" not in kwargs  # the replica actor sits in bundle 0; vLLM's workers take the GPUs
+        placed = {kwargs["ray_remote_args_fn"]()["scheduling_strategy"].placement_group.id for _ in range(2)}
+        assert placed == {g.id for g in groups}
+    finally:
+        release_placement_groups(groups)
+    with pytest.raises(PlanError, match="replicas: 3 needs 6 GPUs"):
+        plan_job(_job(tmp_path, embedded_model, replicas=3, tp=2), resources=cluster_resources())
+
+
+def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_cluster, embedded_model, tmp_path):
+    from rich.console import Console
+
+    from fleetllm.batch.runner import wait_for_cluster
+    from fleetllm.cluster.wait import ResourceTimeout
+
+    spec = _job(tmp_path, embedded_model, wait_for={"gpus": 4}, wait_timeout_s=5)
+    wait_for_cluster(spec, Console(quiet=True))  # there: returns at once
+    spec = _job(tmp_path, embedded_model, wait_for={"gpus": 8}, wait_timeout_s=2)
+    with pytest.raises(ResourceTimeout, match="4 GPU"):
+        wait_for_cluster(spec, Console(quiet=True))

@@ -142,7 +142,7 @@ def leg_bare_transformers(model: str, workloads: list[str], engine_kwargs: dict,
 
 
 def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: dict, batch_size: int,
-                 gpu: GpuSampler, workdir: Path) -> list[dict]:
+                 gpu: GpuSampler, workdir: Path, compute: dict | None = None) -> list[dict]:
     from transformers import AutoTokenizer
 
     from fleetllm.batch.runner import run_job
@@ -162,7 +162,7 @@ def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: d
             "output": {"path": str(workdir / f"out-{engine}-{name}"), "format": "parquet", "shard_rows": 1000},
             # vllm: compute.batch_size left out, so a replica takes whole shards (fleetllm's default)
             "compute": {"replicas": 1, "cpus_per_replica": 1,
-                        **({"batch_size": batch_size} if engine != "vllm" else {})},
+                        **({"batch_size": batch_size} if engine != "vllm" else {}), **(compute or {})},
         })
         t0 = time.time()
         report = run_job(spec, overwrite=True)
@@ -176,7 +176,7 @@ def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: d
                         "engine_start_s": round(t1 - t0 - gen, 1),
                         **{k: report.get(k) for k in ("batches_in_flight_per_replica", "rows_per_engine_call",
                                                       "first_batch_after_ready_s", "commit_after_last_batch_s",
-                                                      "teardown_s")}})
+                                                      "teardown_s", "replicas", "nodes")}})
     return results
 
 
@@ -190,7 +190,8 @@ def run_leg(spec: dict) -> list[dict]:
         if mode == "bare":
             return leg_bare_transformers(spec["model"], spec["workloads"], kwargs, spec["batch_size"], gpu)
         with tempfile.TemporaryDirectory() as tmp:
-            return leg_fleetllm(engine, spec["model"], spec["workloads"], kwargs, spec["batch_size"], gpu, Path(tmp))
+            return leg_fleetllm(engine, spec["model"], spec["workloads"], kwargs, spec["batch_size"], gpu, Path(tmp),
+                                spec.get("compute"))
     finally:
         gpu.close()
         if "ray" in sys.modules:
@@ -222,9 +223,9 @@ def run(args) -> None:
         batch = args.vllm_batch_size if engine == "vllm" else args.transformers_batch_size
         spec = {"engine": engine, "mode": mode, "model": models[shape], "workloads": workloads.split(","),
                 "engine_kwargs": engine_kwargs_for(engine, on_gpu, json.loads(args.engine_kwargs)),
-                "batch_size": batch}
+                "batch_size": batch, "compute": json.loads(args.compute)}
         left = deadline - time.time()
-        entry = {"leg": leg, "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
+        entry = {"leg": leg + args.tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
                  "engine_kwargs": spec["engine_kwargs"]}
         if left < 30:
             entry["skipped"] = f"budget spent ({args.budget_s:g}s)"
@@ -243,7 +244,7 @@ def run(args) -> None:
                 entry["failed"] = (proc.stdout[-1500:] + "\n" + proc.stderr[-6000:])
             wait_gpu_free()
         print(json.dumps(entry)[:3000], flush=True)
-        doc["legs"] = [x for x in doc["legs"] if x["leg"] != leg] + [entry]
+        doc["legs"] = [x for x in doc["legs"] if x["leg"] != entry["leg"]] + [entry]
         out.write_text(json.dumps(doc, indent=1))
 
 
@@ -293,6 +294,9 @@ def main() -> None:
     r.add_argument("--vllm-batch-size", type=int, default=64)
     r.add_argument("--transformers-batch-size", type=int, default=64)
     r.add_argument("--engine-kwargs", default="{}", help="JSON merged into every leg's engine_kwargs")
+    r.add_argument("--compute", default="{}", help='JSON merged into the fleetllm legs\' compute, e.g. '
+                   '\'{"replicas": "auto"}\' on several GPUs (benchmarks/NOTES.md, scaling)')
+    r.add_argument("--tag", default="", help="suffix of the legs' names, to keep runs with other settings apart")
     leg = sub.add_parser("leg")
     leg.add_argument("spec")
     rep = sub.add_parser("report")

@@ -147,18 +147,11 @@ class ComputeSpec(StrictModel):
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
 
-    @field_validator("batches_in_flight")
+    @field_validator("replicas", "batches_in_flight")
     @classmethod
-    def _in_flight_positive(cls, value: int | str) -> int | str:
+    def _count_or_auto(cls, value: int | str, info) -> int | str:
         if isinstance(value, int) and value < 1:
-            raise ValueError(f"compute.batches_in_flight is {value}; use a whole number >= 1 or 'auto'")
-        return value
-
-    @field_validator("replicas")
-    @classmethod
-    def _replicas_positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"compute.replicas is {value}; use a whole number >= 1 or 'auto'")
+            raise ValueError(f"compute.{info.field_name} is {value}; use a whole number >= 1 or 'auto'")
         return value
 
 

@@ -7,17 +7,16 @@ content and with `attempts` equal to the requests the server saw for it, across 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
 import yaml
 
 from fleetllm.testing.capacity_server import CapacityServer
+from kill_mid_run import kill_after_commits
 
 ROOT = Path(__file__).resolve().parents[2]
 # The served model id. org/name shaped so that it also plans on a runner that still resolves
@@ -56,16 +55,8 @@ def test_query_survives_503s_and_sigkill_then_resumes_exactly_once(tmp_path):
     # 2 shards in flight at a time, so shards commit one after another and the kill lands mid-run.
     with CapacityServer(capacity=8, latency_s=0.05, failure_rate=0.3, seed=11, model=MODEL) as first:
         spec = write_spec(tmp_path, first.base_url, batches_in_flight=2)
-        proc = subprocess.Popen([sys.executable, "-m", "fleetllm", "query", str(spec)], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            if manifest.exists() and len(manifest.read_text().splitlines()) >= 2:
-                os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-                break
-            time.sleep(0.05)
-        _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
+        code, stderr = kill_after_commits(["query", str(spec)], manifest, commits=2, timeout_s=120)
+        assert code == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
         first_stats = first.stats()
     committed = len(manifest.read_text().splitlines())
     assert 2 <= committed < ROWS // SHARD_ROWS

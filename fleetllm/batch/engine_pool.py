@@ -3,8 +3,9 @@
 Shared by `fleetllm run` (fleetllm.batch.runner) and the processor API (fleetllm.batch.processor), so
 both place replicas the same way:
 
-- one actor per replica, sized by `fleetllm.sizing` (GPUs = tensor x pipeline parallel size on vLLM,
-  a placement group per replica when that is more than one);
+- one actor per replica, sized by `fleetllm.sizing` (GPUs = tensor x pipeline parallel size on vLLM;
+  when that is more than one the actor takes only CPUs and vLLM places its GPU workers in a placement
+  group it makes itself);
 - engines that take batches from several threads at once (`Engine.concurrent_batches`: vLLM's async
   engine, the openai engine) get several calls in flight per replica, so the engine's running batch
   stays full while a finished call travels back and the next one arrives. A replica that drains one
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetllm.sizing import ReplicaPlan, ray_remote_args_fn
+from fleetllm.sizing import ReplicaPlan
 
 # Requests a concurrent replica aims to hold: above vLLM's max_num_seqs (256 by default, up to 1024 on
 # H100/H200-class GPUs), so its scheduler always has waiting requests to admit.
@@ -58,7 +59,6 @@ class EnginePool:
     in_flight: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
-    placement_groups: list = field(default_factory=list)  # pre-reserved, one per replica (TP/PP > 1)
 
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray
@@ -80,10 +80,7 @@ class EnginePool:
             batch_size=self.batch_size, batch_format="pyarrow", compute=strategy,
             num_cpus=plan.cpus_per_replica,
         )
-        if plan.uses_placement_group:
-            # The actor takes bundle 0 of its own group; vLLM's Ray workers take the GPU bundles.
-            kwargs["ray_remote_args_fn"] = ray_remote_args_fn(plan, self.placement_groups)
-        elif plan.gpus_per_replica:
+        if plan.gpus_per_replica and not plan.uses_placement_group:  # else vLLM's workers hold the GPUs
             kwargs["num_gpus"] = plan.gpus_per_replica
         return kwargs
 

@@ -78,7 +78,7 @@ class Processor:
     def pool(self) -> "EnginePool":
         """Replicas sized against the connected Ray cluster (started locally when none is running);
         PlanError when `concurrency` replicas do not fit. A replica that spans GPUs (TP/PP > 1)
-        reserves its placement group when its actor starts."""
+        runs its vLLM workers in a placement group vLLM makes when the replica starts."""
         import ray
 
         from fleetllm import sizing

@@ -202,15 +202,15 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
     wait_until(ray_snapshot, need, timeout_s=spec.compute.wait_timeout_s, log=lambda m: console.print(m))
 
 
-def engine_pool(plan: JobPlan, placement_groups: list | None = None) -> EnginePool:
+def engine_pool(plan: JobPlan) -> EnginePool:
     spec = plan.spec
     return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
-                      max_retries=spec.compute.max_retries, placement_groups=list(placement_groups or []))
+                      max_retries=spec.compute.max_retries)
 
 
-def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict], placement_groups: list | None = None):
+def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     import ray
 
     spec = plan.spec
@@ -221,7 +221,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict], placement
     ds = ds.map(preprocessor, num_cpus=0.25)
     # Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return ds.map_batches(EngineStage, **engine_pool(plan, placement_groups).map_batches_kwargs())
+    return ds.map_batches(EngineStage, **engine_pool(plan).map_batches_kwargs())
 
 
 class ShardAssembler:
@@ -279,7 +279,6 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
-    groups = sizing.reserve_placement_groups(plan.replica_plan, timeout_s=c.wait_timeout_s) if plan.pending else []
     preprocessor = make_preprocessor(spec)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
@@ -291,7 +290,7 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
     try:
         if plan.pending:
-            ds = build_dataset(plan, preprocessor, groups)
+            ds = build_dataset(plan, preprocessor)
             assembler = ShardAssembler(plan.pending)
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
                 if not ready_at and "_ready" in batch.column_names:
@@ -307,11 +306,10 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                     last_commit = time.time()
     finally:
         progress.close()
-        sizing.release_placement_groups(groups)
     wall = time.time() - t0
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
-    report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping, placement groups freed
+    report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit

@@ -85,8 +85,10 @@ def choose_engine(requested: str, gpus: float | None = None) -> tuple[str, str]:
     if requested == "transformers":
         _require_transformers()
         return "transformers", "engine: transformers was requested"
+    if requested == "openai":
+        return "openai", "engine: openai was requested (an OpenAI-compatible endpoint)"
     if requested != "auto":
-        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers or auto")
+        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers, openai or auto")
     if has_vllm and gpus > 0:
         return "vllm", f"engine auto: vLLM is installed and the cluster has {gpus:g} GPU(s)"
     _require_transformers()

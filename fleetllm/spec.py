@@ -131,9 +131,21 @@ class ComputeSpec(StrictModel):
     gpus_per_replica: float | None = Field(
         None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM, 0 otherwise."
     )
+    batches_in_flight: int | Literal["auto"] = Field(
+        "auto", description="Batches a replica works on at once. Engines that batch continuously (vllm, "
+        "openai) keep several in flight so the engine never waits for the next batch; auto = enough for "
+        "~1024 rows (at most 64 batches). Always 1 on the transformers engine."
+    )
     max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
+
+    @field_validator("batches_in_flight")
+    @classmethod
+    def _in_flight_positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"compute.batches_in_flight is {value}; use a whole number >= 1 or 'auto'")
+        return value
 
     @field_validator("replicas")
     @classmethod

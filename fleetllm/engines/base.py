@@ -86,6 +86,10 @@ class Engine(abc.ABC):
     """Base of the engines. Subclasses implement start, generate and stop."""
 
     name: str = "base"
+    # True when `generate` may be called from several threads at once, each call's requests joining
+    # the engine's running batch (vLLM's continuous batching, the openai engine's AIMD window). The
+    # batch pipeline then keeps several batches in flight per replica.
+    concurrent_batches: bool = False
 
     def __init__(
         self,

@@ -105,6 +105,7 @@ def to_result(call: CallResult, n: int) -> GenerationResult:
 
 class OpenAIHTTPEngine(Engine):
     name = "openai"
+    concurrent_batches = True
 
     def start(self) -> None:
         self.settings = parse_engine_kwargs(self.engine_kwargs)

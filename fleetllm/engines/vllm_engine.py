@@ -67,6 +67,7 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+    concurrent_batches = True
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:

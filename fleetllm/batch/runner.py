@@ -173,6 +173,10 @@ def init_ray(address: str | None, min_cpus: float = 1) -> None:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     else:
         cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1  # +1: room for the read/prepare tasks
+        # Ray starts its workers at nice 15; the engine replicas are the work here, and at nice 15 every
+        # wake-up of Ray's own processes stalls their torch threads (0.55 -> 0.89 of the bare engine on
+        # 2 cores, benchmarks/pipeline_overhead.py). Ray's job supervisor sets 0 for the same reason.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(address="local", num_cpus=cpus, **quiet)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False

@@ -22,14 +22,19 @@ def stage(base_url: str, engine_retries: int, compute_retries: int) -> EngineSta
                        max_retries=compute_retries)
 
 
-def test_a_failing_endpoint_costs_engine_retries_plus_one_never_a_product():
-    with CapacityServer(capacity=4, latency_s=0.001, failure_rate=1.0) as srv:
-        s = stage(srv.base_url, engine_retries=2, compute_retries=3)
+def run_stage(n: int, engine_retries: int, compute_retries: int, **server) -> tuple[EngineStage, list, dict]:
+    """One stage call of n rows against a fresh capacity server: (stage, output rows, server stats)."""
+    with CapacityServer(**server) as srv:
+        s = stage(srv.base_url, engine_retries=engine_retries, compute_retries=compute_retries)
         try:
-            rows = s(batch(5)).to_pylist()
+            rows = s(batch(n)).to_pylist()
         finally:
             s.engine.stop()
-        stats = srv.stats()
+        return s, rows, srv.stats()
+
+
+def test_a_failing_endpoint_costs_engine_retries_plus_one_never_a_product():
+    s, rows, stats = run_stage(5, 2, 3, capacity=4, latency_s=0.001, failure_rate=1.0)
     assert s.max_retries == 0  # the engine retries requests itself; the stage adds none
     assert stats["requests"] == 5 * 3 and set(stats["prompts"].values()) == {3}
     assert all(r["attempts"] == 3 and r["error"].startswith("HTTP 503") and r["generated_text"] is None
@@ -37,13 +42,7 @@ def test_a_failing_endpoint_costs_engine_retries_plus_one_never_a_product():
 
 
 def test_attempts_column_counts_the_http_requests_of_each_row():
-    with CapacityServer(capacity=8, latency_s=0.001, failure_rate=0.3, seed=3) as srv:
-        s = stage(srv.base_url, engine_retries=20, compute_retries=2)
-        try:
-            rows = s(batch(60)).to_pylist()
-        finally:
-            s.engine.stop()
-        stats = srv.stats()
+    _, rows, stats = run_stage(60, 20, 2, capacity=8, latency_s=0.001, failure_rate=0.3, seed=3)
     assert [r["generated_text"] for r in rows] == [f"echo: row {i}" for i in range(60)]
     assert [r["attempts"] for r in rows] == [stats["prompts"][f"row {i}"] for i in range(60)]
     assert any(r["attempts"] > 1 for r in rows)

@@ -1,7 +1,9 @@
 """Pipeline overhead: the same prompts through the bare engine in one process and through `fleetllm run`.
 
 Both legs use the same model, prompts, sampling (fixed lengths via min_tokens), batch size and CPU
-threads; throughput is output tokens/s after engine start. Prints a table, writes JSON.
+threads; throughput is output tokens/s after engine start. The bare vLLM leg is `vllm.LLM.generate`
+on the same token ids; the bare transformers leg is fleetllm's engine called in one process. Prints a
+table, writes JSON.
 
     .venv/bin/python benchmarks/pipeline_overhead.py [--engine transformers|vllm] [--prompts 64] [--tokens 64]
 """
@@ -30,10 +32,36 @@ def load_prompts(n: int) -> list[str]:
 def engine_kwargs_for(engine: str, threads: int) -> dict:
     if engine == "transformers":
         return {"num_threads": threads}
-    return {"enforce_eager": True, "max_model_len": 2048, "gpu_memory_utilization": 0.2}
+    # what fleetllm's vLLM engine uses on CPU by default, spelled out so the bare leg gets the same
+    return {"enforce_eager": True, "max_model_len": 2048, "kv_cache_memory_bytes": 1 << 30}
+
+
+def bare_vllm(model_path: str, prompts: list[str], sampling: dict, threads: int) -> dict:
+    """`vllm.LLM.generate` on the token ids fleetllm's chat template produces for these prompts."""
+    from vllm import LLM, SamplingParams
+
+    from fleetllm.engines import GenerationRequest
+    from fleetllm.engines.chat import render_prompt
+
+    llm = LLM(model=model_path, **engine_kwargs_for("vllm", threads))
+    tok = llm.get_tokenizer()
+    ids = []
+    for p in prompts:
+        req = GenerationRequest(messages=[{"role": "system", "content": "You are a helpful assistant."},
+                                          {"role": "user", "content": p}])
+        ids.append({"prompt_token_ids": tok(render_prompt(tok, req, {}), add_special_tokens=False)["input_ids"]})
+    params = SamplingParams(max_tokens=sampling["max_tokens"], min_tokens=sampling["min_tokens"], temperature=0.0)
+    t0 = time.perf_counter()
+    outs = llm.generate(ids, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    del llm
+    return {"output_tokens": tokens, "wall_s": wall, "output_tokens_per_s": tokens / wall, "bare": "vllm.LLM"}
 
 
 def bare(engine_name: str, model_path: str, prompts: list[str], sampling: dict, batch: int, threads: int) -> dict:
+    if engine_name == "vllm":
+        return bare_vllm(model_path, prompts, sampling, threads)
     from fleetllm.engines import GenerationRequest, create_engine
 
     engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs_for(engine_name, threads))
@@ -62,7 +90,9 @@ def pipeline(engine_name: str, model_source: str, prompts: list[str], sampling: 
         "input": {"path": str(src)}, "prompt": {"system": "You are a helpful assistant.", "template": "{instruction}"},
         "sampling": {"max_tokens": sampling["max_tokens"], "extra": {"min_tokens": sampling["min_tokens"]}},
         "output": {"path": str(workdir / "out"), "shard_rows": max(batch, 32)},
-        "compute": {"replicas": 1, "batch_size": batch, "cpus_per_replica": threads},
+        # vllm: batch_size left out, so the replica takes whole shards (fleetllm's default for vllm)
+        "compute": {"replicas": 1, "cpus_per_replica": threads,
+                    **({"batch_size": batch} if engine_name == "transformers" else {})},
     })
     t0 = time.perf_counter()
     report = run_job(spec, overwrite=True)

@@ -48,8 +48,8 @@ class ResolvedModel:
     """Where a model source points: a local folder (path) or a hub id."""
 
     source: str
-    kind: str  # "embedded" | "local" | "hub"
-    path: str  # a folder for embedded/local, the hub id for hub
+    kind: str  # "embedded" | "local" | "hub" | "served"
+    path: str  # a folder for embedded/local, the hub id for hub, the served model id for served
     revision: str | None = None
 
 
@@ -63,6 +63,12 @@ def cache_dir(alias: str) -> Path:
 
 def is_cached(alias: str) -> bool:
     return (cache_dir(alias) / "config.json").exists()
+
+
+def served(source: str) -> ResolvedModel:
+    """A model behind an OpenAI-compatible endpoint (engine openai): `source` is the id the endpoint
+    serves it under; nothing is looked up or pulled."""
+    return ResolvedModel(source, "served", source)
 
 
 def resolve(source: str, revision: str | None = None, pull_missing: bool = True) -> ResolvedModel:

@@ -1,13 +1,15 @@
-"""Sizing engine replicas to a cluster, choosing the engine, and placing replicas with Ray.
+"""Sizing engine replicas to a cluster and choosing the engine.
 
-Pure logic first (`choose_engine`, `plan_replicas`, `ReplicaPlan`): plain functions of the spec and a
-resource dict, tested without Ray. Then thin Ray adapters: `cluster_resources`,
-`reserve_placement_groups`, `ray_remote_args`, `ray_remote_args_fn`.
+Pure logic (`choose_engine`, `plan_replicas`, `ReplicaPlan`): plain functions of the spec and a resource
+dict, tested without Ray; `cluster_resources` reads the connected Ray cluster.
 
 A vLLM replica needs tensor_parallel_size x pipeline_parallel_size GPUs. When that is more than one,
-the replica reserves a placement group: a CPU bundle for the replica actor and one {GPU: 1} bundle per
-vLLM worker, strategy PACK (one node when it fits, else spread over several), and vLLM runs with
-distributed_executor_backend="ray" inside it, placing its workers on the group's GPU bundles.
+vLLM runs with distributed_executor_backend="ray": the replica actor takes only its CPUs, and vLLM
+places its workers in a placement group of one {GPU: 1} bundle per worker (strategy PACK: one node
+when it fits, else several), which it creates and waits for itself. fleetllm does not put the replica
+actor into a group of its own making: Ray Data 2.60 stops feeding an actor pool whose actors sit in
+placement groups that hold every GPU of the cluster (measured: no upstream task ever ran), while
+groups made from inside plain actors run (tests/integration/test_sizing_ray.py).
 
 Example:
     >>> plan = plan_replicas("vllm", {"tensor_parallel_size": 2}, "auto", 1.0, None, {"CPU": 64, "GPU": 8})
@@ -22,7 +24,7 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from fleetllm.errors import PlanError
 
@@ -37,7 +39,7 @@ class ReplicaPlan:
     replicas: int
     gpus_per_replica: float
     cpus_per_replica: float
-    bundles: tuple[dict[str, float], ...]  # one replica's placement-group bundles; () without a group
+    bundles: tuple[dict[str, float], ...]  # the placement group vLLM makes for one replica; () without one
     uses_placement_group: bool
     description: tuple[str, ...]  # lines for --dry-run
     strategy: str = PLACEMENT_STRATEGY
@@ -85,8 +87,10 @@ def choose_engine(requested: str, gpus: float | None = None) -> tuple[str, str]:
     if requested == "transformers":
         _require_transformers()
         return "transformers", "engine: transformers was requested"
+    if requested == "openai":
+        return "openai", "engine: openai was requested (an OpenAI-compatible endpoint)"
     if requested != "auto":
-        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers or auto")
+        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers, openai or auto")
     if has_vllm and gpus > 0:
         return "vllm", f"engine auto: vLLM is installed and the cluster has {gpus:g} GPU(s)"
     _require_transformers()
@@ -177,7 +181,7 @@ def plan_replicas(
     uses_pg = engine == "vllm" and gpus > 0 and world > 1
     bundles: tuple[dict[str, float], ...] = ()
     if uses_pg:
-        bundles = ({"CPU": float(cpus_per_replica)},) + tuple({"GPU": 1.0} for _ in range(world))
+        bundles = tuple({"GPU": 1.0} for _ in range(world))
     parallel = f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if engine == "vllm" else ""
     lines = [
         f"engine: {engine}{parallel}",
@@ -186,8 +190,9 @@ def plan_replicas(
         f"per replica: {gpus:g} GPUs, {cpus_per_replica:g} CPUs",
     ]
     if uses_pg:
-        lines.append(f"placement group per replica: {len(bundles)} bundles {list(bundles)}, strategy "
-                     f"{PLACEMENT_STRATEGY}; vLLM workers on Ray (distributed_executor_backend=ray)")
+        lines.append(f"placement group per replica, made by vLLM: {len(bundles)} x {{GPU: 1}}, strategy "
+                     f"{PLACEMENT_STRATEGY}; workers on Ray (distributed_executor_backend=ray), the replica "
+                     f"actor on {cpus_per_replica:g} CPUs")
     return ReplicaPlan(engine=engine, replicas=count, gpus_per_replica=gpus, cpus_per_replica=cpus_per_replica,
                        bundles=bundles, uses_placement_group=uses_pg, description=tuple(lines))
 
@@ -219,78 +224,3 @@ def cluster_resources() -> dict[str, float]:
     import ray
 
     return {k: float(v) for k, v in ray.cluster_resources().items()}
-
-
-def reserve_placement_group(plan: ReplicaPlan, timeout_s: float = 300.0):
-    """Reserve one replica's placement group and wait for it; PlanError on timeout."""
-    return reserve_placement_groups(plan, timeout_s, count=1)[0]
-
-
-def reserve_placement_groups(plan: ReplicaPlan, timeout_s: float = 300.0, count: int | None = None) -> list:
-    """Reserve one placement group per replica (none when the plan needs none) and wait until all are placed.
-
-    On timeout the groups are removed again and PlanError names what could not be placed.
-    """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    if not plan.uses_placement_group:
-        return []
-    count = plan.replicas if count is None else count
-    groups = [placement_group(list(plan.bundles), strategy=plan.strategy, name="") for _ in range(count)]
-    ready, pending = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
-    if pending:
-        for pg in groups:
-            remove_placement_group(pg)
-        raise PlanError(
-            f"could only place {len(ready)} of {len(groups)} placement groups ({list(plan.bundles)}, strategy "
-            f"{plan.strategy}) within {timeout_s:g}s; the cluster has {cluster_resources()} in total "
-            "(other jobs may hold some); free them, lower replicas, or raise the timeout")
-    return groups
-
-
-def release_placement_groups(groups: list) -> None:
-    """Remove placement groups made by reserve_placement_groups."""
-    from ray.util.placement_group import remove_placement_group
-
-    for pg in groups:
-        remove_placement_group(pg)
-
-
-def ray_remote_args(plan: ReplicaPlan, pg: Any = None) -> dict[str, Any]:
-    """Ray options for one replica actor: its CPUs/GPUs, or bundle 0 of its placement group.
-
-    Inside a group the actor takes no GPU itself; vLLM's Ray workers (child tasks, captured by the
-    group) take the {GPU: 1} bundles.
-    """
-    if plan.uses_placement_group:
-        if pg is None:
-            raise PlanError("this plan needs a placement group per replica; "
-                            "reserve it with reserve_placement_groups")
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        return {
-            "num_cpus": plan.cpus_per_replica,
-            "num_gpus": 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0,
-                placement_group_capture_child_tasks=True),
-        }
-    return {"num_cpus": plan.cpus_per_replica, "num_gpus": plan.gpus_per_replica}
-
-
-def ray_remote_args_fn(plan: ReplicaPlan, groups: list | None = None,
-                       timeout_s: float = 300.0) -> Callable[[], dict[str, Any]]:
-    """For Ray Data's map_batches(ray_remote_args_fn=...): each new replica actor gets its own group.
-
-    Uses the pre-reserved `groups` first, then reserves a new one (an actor restarted after a failure).
-    """
-    pool = list(groups or [])
-
-    def remote_args() -> dict[str, Any]:
-        if not plan.uses_placement_group:
-            return ray_remote_args(plan)
-        pg = pool.pop(0) if pool else reserve_placement_group(plan, timeout_s)
-        return ray_remote_args(plan, pg)
-
-    return remote_args

@@ -126,20 +126,32 @@ class WaitFor(StrictModel):
 
 class ComputeSpec(StrictModel):
     replicas: int | Literal["auto"] = Field(1, description="Engine replicas, or auto (as many as fit).")
-    batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
+    batch_size: int = Field(
+        16, ge=1, description="Rows handed to a replica at a time. Engine openai: default output.shard_rows "
+        "(a call waits for its slowest row, so smaller batches leave the endpoint idle; see "
+        "fleetllm/query/window.py).")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica (CPU engines).")
     gpus_per_replica: float | None = Field(
         None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM, 0 otherwise."
     )
-    max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
+    batches_in_flight: int | Literal["auto"] = Field(
+        "auto", description="Batches a replica works on at once. Engines that batch continuously (vllm, "
+        "openai) keep several in flight so the engine never waits for the next batch; auto = enough for "
+        "~1024 rows (at most 64 batches). Always 1 on the transformers engine."
+    )
+    max_retries: int = Field(
+        2, ge=0, description="Re-runs of a row when the engine call for its batch raises (a crash, not a "
+        "per-row error such as a prompt that is too long, which is final). Engines transformers and vllm; "
+        "engine openai retries each HTTP request itself (model.engine_kwargs.max_retries) and refuses this "
+        "setting, so the two never multiply.")
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
 
-    @field_validator("replicas")
+    @field_validator("replicas", "batches_in_flight")
     @classmethod
-    def _replicas_positive(cls, value: int | str) -> int | str:
+    def _count_or_auto(cls, value: int | str, info) -> int | str:
         if isinstance(value, int) and value < 1:
-            raise ValueError(f"compute.replicas is {value}; use a whole number >= 1 or 'auto'")
+            raise ValueError(f"compute.{info.field_name} is {value}; use a whole number >= 1 or 'auto'")
         return value
 
 
@@ -158,6 +170,28 @@ class JobSpec(StrictModel):
     output: OutputSpec = Field(..., description="Where the results go.")
     compute: ComputeSpec = Field(default_factory=ComputeSpec, description="Replicas and batching.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+
+    @model_validator(mode="after")
+    def _openai_engine(self) -> "JobSpec":
+        if self.model.engine != "openai":
+            return self
+        from fleetllm.engines.openai_http import parse_engine_kwargs
+
+        try:
+            settings = parse_engine_kwargs(self.model.engine_kwargs)
+        except SpecError as exc:
+            raise ValueError(f"model.{exc}") from None
+        if "source" not in self.model.model_fields_set and not settings.model:
+            raise ValueError("engine openai needs the served model id: set model.source to the id the endpoint "
+                             "lists at GET /v1/models (or model.engine_kwargs.model)")
+        if "max_retries" in self.compute.model_fields_set:
+            raise ValueError(
+                f"compute.max_retries ({self.compute.max_retries}) does not apply to engine openai, which retries "
+                "each HTTP request itself; set model.engine_kwargs.max_retries instead "
+                f"(now {settings.max_retries}) and remove compute.max_retries")
+        if "batch_size" not in self.compute.model_fields_set:
+            self.compute.batch_size = self.output.shard_rows  # one call per shard (fleetllm/query/window.py)
+        return self
 
     @model_validator(mode="after")
     def _openai_batch_pairs(self) -> "JobSpec":
@@ -189,8 +223,10 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"  {where}: unknown field; remove it or check its spelling")
         elif err["type"] == "missing":
             lines.append(f"  {where}: required field is missing")
+        elif not err["loc"]:  # a cross-field check: its message names the values
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 

@@ -9,22 +9,37 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a batch job over a dataset",
                        description="Run a batch job: stream the input through engine replicas into files.")
     p.add_argument("job", help="the job's YAML file")
+    add_job_flags(p)
+    p.set_defaults(handler=run_command)
+
+
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of every command that runs a job spec (`run`, `query`)."""
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
     p.add_argument("--overwrite", action="store_true",
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
     p.add_argument("--max-error-rate", type=float, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
-    p.set_defaults(handler=run_command)
 
 
 def run_command(args) -> int:
+    from fleetllm.spec import load_job_spec
+
+    return execute_job(load_job_spec(args.job), args)
+
+
+def execute_job(spec, args) -> int:
+    """Run (or dry-run) a JobSpec through fleetllm.batch.runner.run_job and print the outcome."""
     from rich.console import Console
 
     from fleetllm.batch.runner import run_job
-    from fleetllm.spec import load_job_spec
 
-    spec = load_job_spec(args.job)
     console = Console(stderr=True)
+    if spec.model.engine == "openai":
+        from fleetllm.query.window import window_warnings
+
+        for line in window_warnings(spec):
+            console.print(f"[yellow]warning:[/yellow] {line}")
     report = run_job(spec, overwrite=args.overwrite, dry_run=args.dry_run,
                      max_error_rate=args.max_error_rate, console=console)
     if report.get("dry_run"):

@@ -21,6 +21,9 @@ NON_OUTPUT_KWARGS = frozenset({
     "tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend", "swap_space",
     "disable_log_stats", "max_batch_tokens", "enable_prefix_caching", "kv_cache_memory_bytes",
     "cpu_offload_gb", "block_size", "concurrency", "timeout_s", "max_retries", "api_key",
+    # engine openai: how fast and how often it asks, not what. The endpoint's address is not the model
+    # (the served id, model.source, is): a job resumes against its endpoint restarted on another port/host.
+    "api_key_env", "aimd", "retry", "base_url",
 })
 
 ENGINE_PACKAGES = {"transformers": "transformers", "vllm": "vllm", "openai": "openai"}
@@ -37,6 +40,8 @@ def engine_version(engine: str) -> str:
 
 
 def model_identity(model: ResolvedModel) -> dict[str, Any]:
+    if model.kind == "served":  # engine openai; the endpoint (base_url) is in engine_kwargs
+        return {"served_id": model.path}
     if model.kind == "hub":
         return {"hub_id": model.path, "revision": model.revision}
     return {"path": model.path, "files": weights_identity(model.path)}

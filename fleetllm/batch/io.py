@@ -21,6 +21,7 @@ from fleetllm.errors import InputError
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LINE_FORMATS = ("jsonl", "openai_batch")
+PEEK_BUFFER = 1 << 16  # bytes read at a time when peeking into a parquet file
 
 
 def file_format(path: str, declared: str) -> str:
@@ -160,12 +161,15 @@ def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
     p, rel = entries[0]
     fmt = file_format(p, declared)
     shard = Shard(0, p, rel, 0, n, 0, "")
-    if fmt not in LINE_FORMATS:
+    if fmt == "parquet":
+        # A buffered stream without pre-buffering reads only the first pages; reading row group 0
+        # whole would cost the whole file for files written with pyarrow's default (~1M-row groups).
         with fs.open(p, "rb") as fh:
-            table = (pq.ParquetFile(fh).read_row_groups([0]) if fmt == "parquet" else None)
-        if table is None:
-            table = _read_whole(fs, p, fmt)
-        return table.slice(0, n).to_pylist()
+            pf = pq.ParquetFile(fh, buffer_size=PEEK_BUFFER, pre_buffer=False)
+            batch = next(pf.iter_batches(batch_size=n), None)
+        return [] if batch is None else batch.to_pylist()
+    if fmt not in LINE_FORMATS:
+        return _read_whole(fs, p, fmt).slice(0, n).to_pylist()
     return [r for r in read_shard(shard, declared, p) if "_input_error" not in r]
 
 

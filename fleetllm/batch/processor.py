@@ -24,9 +24,12 @@ postprocess with every input column plus `generated_text`, `num_input_tokens`,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from fleetllm.batch.engine_pool import EnginePool
 
 Row = dict[str, Any]
 
@@ -40,7 +43,10 @@ class _ProcessorConfig(BaseModel):
     concurrency: int = Field(1, ge=1, description="Engine replicas (actors), each loading the model once.")
     batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica.")
-    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    gpus_per_replica: float | None = Field(
+        None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM with GPUs, else 0.")
+    batches_in_flight: int | Literal["auto"] = Field(
+        "auto", description="Batches a replica works on at once (vllm: auto keeps ~1024 rows in flight; transformers: 1).")
     max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
     engine: str = "transformers"
 
@@ -69,24 +75,33 @@ class Processor:
         self.postprocess = postprocess
         self.model_path = models.resolve(config.model_source).path
 
-    def __call__(self, ds):
+    def pool(self) -> "EnginePool":
+        """Replicas sized against the connected Ray cluster (started locally when none is running);
+        PlanError when `concurrency` replicas do not fit. A replica that spans GPUs (TP/PP > 1)
+        runs its vLLM workers in a placement group vLLM makes when the replica starts."""
         import ray
 
-        from fleetllm.batch.stages import EngineStage
+        from fleetllm import sizing
+        from fleetllm.batch.engine_pool import EnginePool, batches_in_flight
 
         c = self.config
+        if not ray.is_initialized():
+            ray.init()
+        plan = sizing.plan_replicas(c.engine, c.engine_kwargs, c.concurrency, c.cpus_per_replica,
+                                    c.gpus_per_replica, sizing.cluster_resources())
+        return EnginePool(engine=c.engine, model_path=self.model_path,
+                          engine_kwargs=sizing.engine_kwargs_for(plan, c.engine_kwargs), replica_plan=plan,
+                          batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
+                                                                               c.batches_in_flight),
+                          chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries)
+
+    def __call__(self, ds):
+        from fleetllm.batch.stages import EngineStage
+
         if self.preprocess is not None:
             pre = self.preprocess
             ds = ds.map(lambda row: {**row, **pre(row)})
-        ds = ds.map_batches(
-            EngineStage,
-            fn_constructor_kwargs=dict(engine_name=c.engine, model_path=self.model_path,
-                                       engine_kwargs=c.engine_kwargs, chat_template_kwargs=c.chat_template_kwargs,
-                                       max_retries=c.max_retries),
-            batch_size=c.batch_size, batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=c.concurrency),
-            num_cpus=c.cpus_per_replica, num_gpus=c.gpus_per_replica or None,
-        )
+        ds = ds.map_batches(EngineStage, **self.pool().map_batches_kwargs())
         post = self.postprocess
         return ds.map(lambda row: _drop_internal(post(row) if post else row))
 

@@ -13,20 +13,23 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from rich.console import Console
 
 from fleetllm import __version__
 from fleetllm.batch import io as bio
+from fleetllm import sizing
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
 from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
 from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
+from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
-from fleetllm.errors import InputError, PlanError
+from fleetllm.errors import InputError
+from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec, template_fields
 
 
@@ -42,8 +45,18 @@ class JobPlan:
     fingerprint: str
     parts: dict[str, Any]
     engine_kwargs: dict[str, Any]
-    replicas: int
-    resources: dict[str, float] = field(default_factory=dict)
+    replica_plan: ReplicaPlan
+    in_flight: int = 1
+    sized_for: str = "the connected Ray cluster"
+    rows_per_call: int | None = None  # None: a whole shard per engine call
+
+    @property
+    def replicas(self) -> int:
+        return self.replica_plan.replicas
+
+    @property
+    def resources(self) -> dict[str, float]:
+        return {"CPU": self.replica_plan.cpus_per_replica, "GPU": self.replica_plan.gpus_per_replica}
 
     @property
     def total_rows(self) -> int:
@@ -59,18 +72,15 @@ class JobPlan:
             f"job        {s.name}",
             f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
             f"engine     {self.engine} ({self.engine_reason})",
-            f"replicas   {self.replicas} x {self.resources}",
+            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} "
+            + (f"batch(es) of {self.rows_per_call} rows" if self.rows_per_call else "whole shard(s)")
+            + f" in flight per replica (sized for {self.sized_for})",
+            *(f"           {line}" for line in self.replica_plan.description[1:]),
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             f"sampling   {s.sampling.as_params()}",
         ]
-
-
-def choose_engine(requested: str) -> tuple[str, str]:
-    from fleetllm.batch.resources import choose_engine as _choose
-
-    return _choose(requested)
 
 
 def check_columns(spec: JobSpec) -> None:
@@ -95,19 +105,33 @@ def check_columns(spec: JobSpec) -> None:
         raise InputError(f"input.id_column {spec.input.id_column!r} is not a column; columns present: {present}")
 
 
-def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
-             preprocess: Callable | None = None) -> JobPlan:
-    from fleetllm import models
-    from fleetllm.batch.resources import plan_replicas_for_spec
+def local_resources() -> dict[str, float]:
+    """This machine's CPUs and GPUs: what a dry run sizes for when no cluster is connected."""
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(sizing.local_gpu_count())}
 
-    engine, reason = choose_engine(spec.model.engine)
-    model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run) \
-        if not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)) \
-        else models.ResolvedModel(spec.model.source, "embedded", str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+
+def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
+             preprocess: Callable | None = None, resources: dict[str, float] | None = None) -> JobPlan:
+    """Plan a job against `resources` (the connected cluster's; default this machine's): the engine,
+    the replicas, the shards and which of them are already committed. Loads no model."""
+    from fleetllm import models
+
+    sized_for = "the connected Ray cluster"
+    if resources is None:
+        resources, sized_for = local_resources(), "this machine; a run sizes for the cluster it connects to"
+    replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
+    engine, reason = replica_plan.engine, replica_plan.description[0]
+    if engine == "openai":  # a model behind an endpoint: nothing to look up or pull
+        model = models.served(spec.model.source)
+    elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
+        model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
+    else:
+        model = models.ResolvedModel(spec.model.source, "embedded",
+                                     str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
     files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
     shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)
-    engine_kwargs = dict(spec.model.engine_kwargs)
+    engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs, sampling=spec.sampling.as_params(),
         prompt={"system": spec.prompt.system, "template": spec.prompt.template,
@@ -123,9 +147,18 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     else:
         out.prepare(fp, parts, overwrite)
         pending, committed = out.pending(shards, fp)
-    replicas, resources = plan_replicas_for_spec(spec, engine, connect=not dry_run)
+    rows_per_call = rows_per_engine_call(spec, engine)
+    in_flight = batches_in_flight(engine, rows_per_call or spec.output.shard_rows, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replicas, resources)
+                   replica_plan, in_flight, sized_for, rows_per_call)
+
+
+def rows_per_engine_call(spec: JobSpec, engine: str) -> int | None:
+    """compute.batch_size; None (a whole shard per call) on engines that batch continuously when
+    batch_size is left at its default: the engine schedules the shard's rows itself."""
+    if engine_is_concurrent(engine) and "batch_size" not in spec.compute.model_fields_set:
+        return spec.output.shard_rows  # a shard is one block: one call (Ray Data needs a batch_size on GPUs)
+    return spec.compute.batch_size
 
 
 def init_ray(address: str | None, min_cpus: float = 1) -> None:
@@ -158,6 +191,25 @@ def _read_shard_rows(item: dict[str, Any], declared: str) -> list[dict[str, Any]
     return rows
 
 
+def wait_for_cluster(spec: JobSpec, console: Console) -> None:
+    """Block until the connected cluster has compute.wait_for (nodes joining late); ResourceTimeout
+    (a PlanError naming what was seen) after compute.wait_timeout_s."""
+    if spec.compute.wait_for is None:
+        return
+    from fleetllm.cluster.wait import ray_snapshot, wait_until, wanted
+
+    need = wanted(spec.compute.wait_for.gpus, spec.compute.wait_for.cpus)
+    wait_until(ray_snapshot, need, timeout_s=spec.compute.wait_timeout_s, log=lambda m: console.print(m))
+
+
+def engine_pool(plan: JobPlan) -> EnginePool:
+    spec = plan.spec
+    return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
+                      replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
+                      in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
+                      max_retries=spec.compute.max_retries)
+
+
 def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     import ray
 
@@ -169,15 +221,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     ds = ds.map(preprocessor, num_cpus=0.25)
     # Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return ds.map_batches(
-        EngineStage,
-        fn_constructor_kwargs=dict(engine_name=plan.engine, model_path=plan.model.path,
-                                   engine_kwargs=plan.engine_kwargs,
-                                   chat_template_kwargs=spec.model.chat_template_kwargs,
-                                   max_retries=spec.compute.max_retries),
-        batch_size=spec.compute.batch_size, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=plan.replicas),
-        num_cpus=plan.resources.get("CPU", 1), num_gpus=plan.resources.get("GPU", 0) or None)
+    return ds.map_batches(EngineStage, **engine_pool(plan).map_batches_kwargs())
 
 
 class ShardAssembler:
@@ -216,18 +260,25 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t0 = time.time()
-    plan = plan_job(spec, overwrite=overwrite, dry_run=dry_run)
-    console.print(f"engine: {plan.engine} ({plan.engine_reason})")
-    if dry_run:
+    if dry_run:  # sized for the cluster when one is named, else for this machine
+        address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            init_ray(address)
+        plan = plan_job(spec, overwrite=overwrite, dry_run=True,
+                        resources=sizing.cluster_resources() if address else None)
+        console.print(f"engine: {plan.engine} ({plan.engine_reason})")
         for line in plan.describe():
             print(line)
         return {"dry_run": True, "plan": plan.describe()}
+    # Connect (or start a local Ray), wait for late nodes, then size the replicas to what is there.
+    c = spec.compute
+    init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
+    wait_for_cluster(spec, console)
+    plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+    console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
+                  f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
-    from fleetllm.batch.resources import wait_and_check  # waits for compute.wait_for, refuses plans that cannot fit
-
-    init_ray(spec.cluster.address, plan.resources.get("CPU", 1) * plan.replicas)
-    wait_and_check(spec, plan.engine, console)
     preprocessor = make_preprocessor(spec)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
@@ -235,6 +286,8 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     by_id = {s.shard_id: s for s in plan.pending}
     writer = shard_writer(spec.output.format)
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
+    first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
+    last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
     try:
         if plan.pending:
             ds = build_dataset(plan, preprocessor)
@@ -242,16 +295,24 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
                 if not ready_at and "_ready" in batch.column_names:
                     ready_at.append(min(batch.column("_ready").to_pylist()))
+                if "_started" in batch.column_names:
+                    first_call = min([first_call, *batch.column("_started").to_pylist()])
+                    last_done = max([last_done, *batch.column("_finished").to_pylist()])
                 for sid, table in assembler.add(batch):
                     entry = _commit_shard(out, plan, by_id[sid], table, writer)
                     for k in totals:
                         totals[k] += getattr(entry, k)
                     progress.advance(entry.rows, entry.output_tokens, entry.errors)
+                    last_commit = time.time()
     finally:
         progress.close()
     wall = time.time() - t0
-    generation_wall = time.time() - (ready_at[0] if ready_at else t_engine)
+    generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
+    report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
+    if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
+        report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
+        report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit
     writer.finalize(out, plan)
     out.write_report(report)
     rate = report["error_rate"]
@@ -333,6 +394,9 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "model": {"source": plan.spec.model.source, "path": plan.model.path, "kind": plan.model.kind},
         "engine": {"name": plan.engine, "version": engine_version(plan.engine), "why": plan.engine_reason},
         "replicas": plan.replicas,
+        "batches_in_flight_per_replica": plan.in_flight,
+        "rows_per_engine_call": plan.rows_per_call or "shard",
+        "resources_per_replica": plan.resources,
         "nodes": nodes,
         "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},
         "fingerprint": plan.fingerprint,

@@ -16,7 +16,8 @@ from fleetllm.errors import FleetError
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
-INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_input_error", "_raw", "sampling_params")
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
+                    "sampling_params")
 
 
 class TemplatePreprocessor:
@@ -102,8 +103,9 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
                           sleep: Callable[[float], None] = time.sleep) -> tuple[list[GenerationResult], list[int]]:
     """Run a batch; when the engine raises, retry the rows one by one (each up to max_retries).
 
-    Per-row errors the engine reports (prompt too long, bad sampling value) are final: retrying
-    cannot change them. Returns (results, attempts per row).
+    This is compute.max_retries: it re-runs rows only when the engine call raises as a whole. Per-row
+    errors the engine reports (prompt too long, bad sampling value, an HTTP request that failed after
+    the openai engine's own retries) are final. Returns (results, attempts per row).
     """
     try:
         return engine_generate(requests), [1] * len(requests)
@@ -121,12 +123,15 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
             except Exception as exc:
                 error = exc
         else:
-            results.append(GenerationResult.failed(f"engine error after {max_retries + 1} attempts: {error}"))
+            calls = f"{max_retries + 1} attempts" if max_retries else "1 attempt"
+            results.append(GenerationResult.failed(f"engine error after {calls}: {error}"))
             attempts.append(max_retries + 1)
     return results, attempts
 
 
 def result_columns(result: GenerationResult, attempts: int, n: int) -> dict[str, Any]:
+    """The output columns of one row. `attempts` is the engine's own count when it reports one (the
+    openai engine: HTTP attempts), else the engine calls the stage made for the row."""
     first = result.completions[0] if result.completions else None
     cols: dict[str, Any] = {
         "generated_text": first.text if first else None,
@@ -134,7 +139,7 @@ def result_columns(result: GenerationResult, attempts: int, n: int) -> dict[str,
         "num_generated_tokens": result.num_generated_tokens,
         "finish_reason": first.finish_reason if first else None,
         "error": result.error,
-        "attempts": attempts,
+        "attempts": result.attempts if result.attempts is not None else attempts,
     }
     if n > 1:
         cols["completions"] = [
@@ -158,6 +163,8 @@ class EngineStage:
         self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
                                     chat_template_kwargs=self.chat_template_kwargs)
         self.engine.start()
+        if self.engine.retries_requests:
+            self.max_retries = 0  # the engine retries each request itself; no second budget on top
         self.ready_at = time.time()  # lets the report measure throughput after engine start
         try:
             import ray
@@ -169,6 +176,7 @@ class EngineStage:
     def __call__(self, batch):
         import pyarrow as pa
 
+        started = time.time()
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
         todo, requests = [], []
         for i, row in enumerate(rows):
@@ -180,6 +188,7 @@ class EngineStage:
             except (FleetError, ValueError, TypeError) as exc:
                 row["error"] = f"invalid row: {exc}"
         results, attempts = generate_with_retries(self.engine.generate, requests, self.max_retries)
+        finished = time.time()
         n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])
         done = {i: (res, att) for i, res, att in zip(todo, results, attempts)}
         out = []
@@ -194,5 +203,7 @@ class EngineStage:
                     row["completions"] = []
             row["_node"] = self.node_id
             row["_ready"] = self.ready_at
+            row["_started"] = started
+            row["_finished"] = finished
             out.append(row)
         return pa.Table.from_pylist(out)

@@ -4,8 +4,9 @@ HTTPRoute (serving), and AIBrix RayClusterFleet (serving fleets with rolling upd
 Pure functions from a spec to dicts; `render_spec_file` picks by the YAML's shape (a top-level `models:`
 key means a serve spec) and `write_manifests` dumps them with yaml.safe_dump.
 
-Serve app entry point named in the RayService: `fleetllm.serve.app:app_from_spec`, a Ray Serve
-application builder called with `args = {"spec": <the serve spec as a dict>}`.
+Serve specs are validated by fleetllm.serve.spec.ServeSpec (through serve_adapter.serve_view), the
+model `fleetllm serve` runs. The RayService's app is `fleetllm.cluster.serve_adapter:app_from_spec`, a
+Ray Serve application builder called with `args = {"spec": <the serve spec as a dict>}`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from fleetllm.cluster.k8s_pods import (
 )
 from fleetllm.cluster.serve_adapter import ServeView, parallel_gpus, serve_view
 from fleetllm.errors import SpecError
+from fleetllm.serve.spec import load_serve_spec
 from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
-SERVE_APP_IMPORT_PATH = "fleetllm.serve.app:app_from_spec"
+SERVE_APP_IMPORT_PATH = "fleetllm.cluster.serve_adapter:app_from_spec"
 SPEC_DIR = "/etc/fleetllm"
 
 
@@ -114,10 +116,10 @@ def job_path_notes(job: JobSpec) -> list[str]:
 # ------------------------------------------------------------------------------------------- serve
 
 
-def cluster_serve_spec(raw: dict[str, Any]) -> dict[str, Any]:
+def cluster_serve_spec(data: dict[str, Any]) -> dict[str, Any]:
     """The serve spec as it runs inside the cluster: listening on all interfaces, port 8000, the
     cluster's own Ray (address null)."""
-    spec = copy.deepcopy(raw)
+    spec = copy.deepcopy(data)
     spec["host"] = "0.0.0.0"
     spec["port"] = SERVE_PORT
     spec["cluster"] = {"address": None}
@@ -134,7 +136,7 @@ def serve_config(view: ServeView) -> dict[str, Any]:
                 "name": dns_name(view.name),
                 "route_prefix": "/",
                 "import_path": SERVE_APP_IMPORT_PATH,
-                "args": {"spec": cluster_serve_spec(view.raw)},
+                "args": {"spec": cluster_serve_spec(view.spec_dict())},
             }
         ],
     }
@@ -235,10 +237,6 @@ def render_fleet(
     for model in view.models:
         name = dns_name(f"{view.name}-{model.model_id}")
         labels = {**_base_labels(name, opts), "fleetllm.io/kind": "fleet", "model.aibrix.ai/name": model.model_id}
-        raw = copy.deepcopy(view.raw)
-        raw["models"] = [
-            {**m, "replicas": 1, "autoscaling": None} for m in raw["models"] if m.get("model_id") == model.model_id
-        ]
         cm_name = f"{name}-spec"
         volumes, mounts = spec_volume(cm_name)
         env = token_env(f"{name}-ray-token")
@@ -270,7 +268,7 @@ def render_fleet(
                 "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": cluster},
             },
         }
-        spec_text = yaml.safe_dump(cluster_serve_spec(raw), sort_keys=False)
+        spec_text = yaml.safe_dump(cluster_serve_spec(view.spec_dict(model.model_id)), sort_keys=False)
         out += [config_map(cm_name, "serve.yaml", spec_text, labels, opts.namespace), fleet]
     return out
 
@@ -296,7 +294,7 @@ def render_spec_file(
     """All manifests for a job or serve YAML file."""
     data = load_yaml(path)
     if is_serve_spec(data):
-        view = serve_view(data)
+        view = serve_view(load_serve_spec(path))  # the loader `fleetllm serve` uses
         if fleet:
             return render_fleet(view, opts, **fleet_kwargs)
         service = render_service(view, opts)

@@ -1,8 +1,9 @@
-"""Adapter from a serve spec (YAML mapping) to the few fields the Kubernetes manifests need.
+"""The serve spec as the Kubernetes manifests see it, and the Ray Serve builder the RayService runs.
 
-fleetllm.serve.spec.ServeSpec is written on another branch; until it is merged this reads the plain
-mapping of the documented YAML shape. After the merge, `serve_view` can validate through ServeSpec and
-read the same attributes; nothing else in fleetllm.cluster reads serve specs.
+A serve YAML is validated by fleetllm.serve.spec.ServeSpec, the same model `fleetllm serve` loads, so
+`fleetllm k8s render serve.yaml` refuses exactly what `fleetllm serve serve.yaml` refuses. `ServeView`
+adds what only the manifests need (whole GPUs per pod, the worker group's replica bounds), and
+`app_from_spec` is the Ray Serve application builder named in the RayService's serveConfigV2.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetllm.errors import SpecError
+from fleetllm.serve.spec import ServeModelSpec, ServeSpec
+from fleetllm.spec import parse_spec
 
 
 def parallel_gpus(engine_kwargs: dict[str, Any]) -> int:
@@ -23,61 +26,77 @@ def parallel_gpus(engine_kwargs: dict[str, Any]) -> int:
     return tp * pp
 
 
-
 @dataclass(frozen=True)
 class ServedModel:
-    """The fields of one served model the manifests need."""
+    """One served model, sized for pods."""
 
-    model_id: str
-    engine: str
-    gpus_per_replica: int
-    cpus_per_replica: float
-    replicas: int
+    spec: ServeModelSpec
+    gpus_per_replica: int  # whole GPUs for the pod: gpus_per_replica rounded up, or tp x pp on vllm/auto
+    replicas: int  # the worker group's initial replicas
     min_replicas: int
     max_replicas: int
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    @property
+    def cpus_per_replica(self) -> float:
+        return self.spec.cpus_per_replica
 
 
 @dataclass(frozen=True)
 class ServeView:
-    """What the manifests read from a serve spec."""
+    """A validated ServeSpec plus the per-model pod sizes."""
 
-    name: str
+    spec: ServeSpec
     models: list[ServedModel]
-    raw: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def spec_dict(self, model_id: str | None = None) -> dict[str, Any]:
+        """The spec as plain data (JSON types), or for `model_id` a spec serving that model alone with
+        one fixed replica (a fleet replica is one whole Ray cluster)."""
+        data = self.spec.model_dump(mode="json")
+        if model_id is not None:
+            data["models"] = [
+                {**m, "replicas": 1, "autoscaling": None} for m in data["models"] if m["model_id"] == model_id
+            ]
+        return data
 
 
-def serve_view(data: dict[str, Any]) -> ServeView:
-    """Adapter from a serve spec to what the manifests need.
+def _served(model: ServeModelSpec) -> ServedModel:
+    gpus = math.ceil(model.gpus_per_replica)
+    if gpus == 0 and model.engine in ("vllm", "auto"):
+        # gpus_per_replica 0 with tensor parallelism: vLLM places its own workers, one GPU each.
+        tp_pp = parallel_gpus(model.engine_kwargs)
+        gpus = tp_pp if tp_pp > 1 else 0
+    if model.autoscaling is None:
+        low = high = initial = model.replicas
+    else:
+        low, high = model.autoscaling.min_replicas, model.autoscaling.max_replicas
+        initial = min(max(model.replicas, low), high)
+    return ServedModel(model, gpus, initial, low, high)
 
-    Reads the plain YAML mapping (the shape of fleetllm.serve.spec.ServeSpec: name, models[*].model_id,
-    engine, engine_kwargs, replicas, autoscaling{min_replicas,max_replicas}, cpus_per_replica,
-    gpus_per_replica). After ServeSpec is merged, swap the body for
-    `spec = ServeSpec.model_validate(data)` and read the same attributes.
+
+def serve_view(data: dict[str, Any] | ServeSpec, source: str = "serve spec") -> ServeView:
+    """Validate `data` as a ServeSpec (the model `fleetllm serve` runs) and size its models for pods."""
+    spec = data if isinstance(data, ServeSpec) else parse_spec(ServeSpec, data, source)
+    return ServeView(spec, [_served(m) for m in spec.models])
+
+
+def app_from_spec(args: dict[str, Any]):
+    """Ray Serve application builder: `args = {"spec": <a serve spec>}` -> the OpenAI app.
+
+    The RayService's serveConfigV2 names it (`import_path: fleetllm.cluster.serve_adapter:app_from_spec`),
+    so the cluster builds the same application `fleetllm serve` would from that spec.
     """
-    models = data.get("models")
-    if not isinstance(models, list) or not models:
-        raise SpecError("serve spec: `models` must be a non-empty list of models to serve")
-    out = []
-    for i, model in enumerate(models):
-        if not isinstance(model, dict) or not model.get("model_id"):
-            raise SpecError(f"serve spec: models[{i}] needs a model_id")
-        engine = model.get("engine", "auto")
-        gpus = math.ceil(float(model.get("gpus_per_replica") or 0))
-        if gpus == 0 and engine in ("vllm", "auto") and parallel_gpus(model.get("engine_kwargs") or {}) > 1:
-            gpus = parallel_gpus(model["engine_kwargs"])
-        replicas = int(model.get("replicas") or 1)
-        auto = model.get("autoscaling") or {}
-        low = int(auto.get("min_replicas", replicas)) if auto else replicas
-        high = int(auto.get("max_replicas", replicas)) if auto else replicas
-        out.append(
-            ServedModel(
-                model_id=str(model["model_id"]),
-                engine=str(engine),
-                gpus_per_replica=gpus,
-                cpus_per_replica=float(model.get("cpus_per_replica") or 1),
-                replicas=max(replicas, low),
-                min_replicas=low,
-                max_replicas=max(high, replicas),
-            )
-        )
-    return ServeView(name=str(data.get("name") or "fleetllm"), models=out, raw=data)
+    from fleetllm.serve.app import build_openai_app
+
+    unknown = sorted(set(args) - {"spec"})
+    if unknown or "spec" not in args:
+        raise SpecError(f"app_from_spec takes args {{spec: <serve spec>}}; got keys {sorted(args)}")
+    spec = parse_spec(ServeSpec, args["spec"], "serveConfigV2 args.spec")
+    return build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key()})

@@ -86,6 +86,15 @@ class Engine(abc.ABC):
     """Base of the engines. Subclasses implement start, generate and stop."""
 
     name: str = "base"
+    # True when `generate` may be called from several threads at once, each call's requests joining
+    # the engine's running batch (vLLM's continuous batching, the openai engine's AIMD window). The
+    # batch pipeline then keeps several batches in flight per replica.
+    concurrent_batches: bool = False
+    # True when the engine retries each request itself and reports a row that still fails as a
+    # per-row error (the openai engine: engine_kwargs.max_retries HTTP retries with backoff). The
+    # batch stage then never re-runs its rows (compute.max_retries does not apply), so the two
+    # retry budgets cannot multiply.
+    retries_requests: bool = False
 
     def __init__(
         self,

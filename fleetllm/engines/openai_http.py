@@ -42,7 +42,10 @@ class OpenAIEngineKwargs(BaseModel):
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     model: str | None = Field(None, description="Served model id; default: model.source.")
     timeout_s: float = Field(600.0, gt=0, description="Timeout of one HTTP attempt, in seconds.")
-    max_retries: int = Field(5, ge=0, description="Retries of a failing row (408/429/5xx/timeouts).")
+    max_retries: int = Field(
+        5, ge=0, description="HTTP retries of one row's request (408/429/5xx, timeouts, connection errors) "
+        "with exponential backoff and jitter; other 4xx are not retried. A row that still fails keeps its "
+        "`error` and `attempts`. The only retry budget of this engine: compute.max_retries does not apply.")
     retry: dict[str, Any] = Field(
         default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s, jitter."
     )
@@ -105,6 +108,8 @@ def to_result(call: CallResult, n: int) -> GenerationResult:
 
 class OpenAIHTTPEngine(Engine):
     name = "openai"
+    concurrent_batches = True
+    retries_requests = True  # engine_kwargs.max_retries; the batch stage adds no retries on top
 
     def start(self) -> None:
         self.settings = parse_engine_kwargs(self.engine_kwargs)

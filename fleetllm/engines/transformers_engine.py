@@ -1,8 +1,8 @@
 """The Hugging Face transformers engine: runs anywhere torch runs (laptop CPU, CI, a GPU without vLLM).
 
 Batches use padded `generate` (left padding, rows sorted by length, rows with equal sampling
-settings generated together): measured faster than transformers' continuous batching on this CPU
-and on an H200 (benchmarks/NOTES.md).
+settings generated together): measured faster than transformers' continuous batching on an H200
+(../shared/gpu/README.md: 3,498 vs 982 output tokens/s, Llama-3-8B shape) and on this CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from fleetllm.engines.chat import render_prompt
 from fleetllm.errors import EngineError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
-OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s")
+OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s",
+              "load_format")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the config's shape, as vLLM's load_format dummy
 # engine-specific sampling keys mapped onto generate() arguments.
 SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty"}
 SUPPORTED_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs",
@@ -47,9 +49,19 @@ class TransformersEngine(Engine):
         dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):
             raise EngineError(f"engine_kwargs.dtype {dtype_name!r} is not a torch dtype; use float32, bfloat16 or float16")
+        load_format = own.get("load_format", "auto")
+        if load_format not in LOAD_FORMATS:
+            raise EngineError(f"engine_kwargs.load_format {load_format!r} is not one of {LOAD_FORMATS}")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **kwargs).to(device)
+            if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
+                from transformers import AutoConfig
+
+                config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+                with torch.device(device):
+                    self.model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **kwargs).to(device)
         except (OSError, ValueError) as exc:
             raise EngineError(f"transformers could not load {self.model_path!r}: {exc}") from exc
         self.model.eval()

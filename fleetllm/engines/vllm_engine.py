@@ -67,6 +67,8 @@ class VLLMEngine(Engine):
     """
 
     name = "vllm"
+    concurrent_batches = True
+    usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference; the server sets OPENAI_API_SERVER
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -112,8 +114,15 @@ class VLLMEngine(Engine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetllm-vllm", daemon=True)
         self._thread.start()
 
+        from vllm.usage.usage_lib import UsageContext
+
+        # vLLM sizes its scheduler by usage context: the engine context gets max_num_seqs=128 and
+        # max_num_batched_tokens=2048, vllm.LLM (offline batch) 1024 and 16384 on H100/H200-class GPUs.
+        # Batch jobs are the LLM class's use; serving passes OPENAI_API_SERVER. engine_kwargs override both.
+        context = getattr(UsageContext, self.usage_context)
+
         async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs))
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs), usage_context=context)
 
         try:
             self._llm = self._run(make())
@@ -234,35 +243,30 @@ class VLLMEngine(Engine):
             completions.append(completion)
         return GenerationResult(completions=completions, num_input_tokens=len(ids))
 
-    async def _generate_all(self, prepared: list[Any]) -> list[GenerationResult]:
-        async def one(item: Any) -> GenerationResult:
-            if isinstance(item, GenerationResult):
-                return item
-            ids, params, request_id = item
-            return await self._generate_one(ids, params, request_id)
-
-        return list(await asyncio.gather(*(one(item) for item in prepared)))
-
-    def _prepare_batch(self, requests: list[GenerationRequest]) -> list[Any]:
+    def _start(self, requests: list[GenerationRequest]) -> list[Any]:
+        """Hand each request to vLLM as soon as its prompt is tokenized (so the engine starts on the first
+        rows of a large batch, a whole shard, while the rest are prepared): a Future per request, or
+        the row's failed result when it cannot be served (prompt too long, bad sampling option)."""
         if self._llm is None:
             raise EngineError("the vLLM engine is not started; call start() first")
-        prepared: list[Any] = []
+        started: list[Any] = []
         for req in requests:
             try:
                 ids, params = self._prepare(req)
-                prepared.append((ids, params, self._request_id(req)))
             except RowError as exc:
-                prepared.append(GenerationResult.failed(str(exc)))
-        return prepared
+                started.append(GenerationResult.failed(str(exc)))
+                continue
+            started.append(self._submit(self._generate_one(ids, params, self._request_id(req))))
+        return started
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Serve a batch; thread-safe: batches from several threads share vLLM's running batch."""
-        return self._submit(self._generate_all(self._prepare_batch(requests))).result()
+        return [s if isinstance(s, GenerationResult) else s.result() for s in self._start(requests)]
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`generate` for callers on an event loop (does not block it)."""
-        prepared = self._prepare_batch(requests)
-        return await asyncio.wrap_future(self._submit(self._generate_all(prepared)))
+        return [s if isinstance(s, GenerationResult) else await asyncio.wrap_future(s)
+                for s in self._start(requests)]
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         """Stream one request; closing the generator (or cancelling its task) aborts it in vLLM.

@@ -67,6 +67,8 @@ class ServerStats:
     failed: int = 0
     max_in_system: int = 0
     max_active: int = 0
+    in_system_s: float = 0.0  # integral of requests in the system over time
+    span_s: float = 0.0  # from the first request in to the last reply out: in_system_s / span_s = mean in flight
     prompts: dict[str, int] = field(default_factory=dict)  # prompt -> attempts seen
 
 
@@ -78,7 +80,16 @@ def build_app(options: ServerOptions):
 
     stats = ServerStats()
     rng = random.Random(options.seed)
-    state = {"in_system": 0, "active": 0, "sem": None}
+    state = {"in_system": 0, "active": 0, "sem": None, "changed_at": None, "first_at": None}
+
+    def in_system(delta: int) -> None:
+        now = time.monotonic()
+        if state["first_at"] is None:
+            state["first_at"] = state["changed_at"] = now
+        stats.in_system_s += state["in_system"] * (now - state["changed_at"])
+        state["in_system"] += delta
+        state["changed_at"] = now
+        stats.span_s = now - state["first_at"]
 
     def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
         return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
@@ -106,7 +117,7 @@ def build_app(options: ServerOptions):
             ra = options.retry_after_s
             return error(429, "too many requests", "RateLimitError",
                          {"retry-after": str(max(1, round(ra))), "retry-after-ms": str(int(ra * 1000))})
-        state["in_system"] += 1
+        in_system(+1)
         stats.max_in_system = max(stats.max_in_system, state["in_system"])
         try:
             if options.capacity is None:
@@ -123,7 +134,7 @@ def build_app(options: ServerOptions):
                     finally:
                         state["active"] -= 1
         finally:
-            state["in_system"] -= 1
+            in_system(-1)
         words = ("echo: " + prompt).split(" ")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 10**9
         finish = "length" if len(words) > int(max_tokens) else "stop"
@@ -190,7 +201,7 @@ class CapacityServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stats(self) -> dict[str, Any]:
-        """The server's counters (requests, ok, rate_limited, failed, max_in_system, prompts)."""
+        """The server's counters (requests, ok, rate_limited, failed, max_in_system, in_system_s, prompts)."""
         if self._app is not None:
             return asdict(self._app.state.stats)
         import httpx

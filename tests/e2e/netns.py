@@ -55,7 +55,9 @@ def unavailable_reason() -> str | None:
 
 
 def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
 
 
 @dataclass
@@ -182,10 +184,11 @@ def two_node_cluster(
     retry_interval_s: float = 5.0,
     object_store_memory: int = 100 * 1024 * 1024,
     head_args: tuple[str, ...] = ("--no-dashboard",),
+    worker_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[TwoNodeCluster]:
     """Start the worker's join (`fleetllm cluster start --address`), then after `head_delay_s` the head
-    (`fleetllm cluster start --head`, plus `head_args`); yields once the worker has joined. Stops both
+    (`fleetllm cluster start --head`, plus `head_args`; the worker gets `worker_args`); yields once the worker has joined. Stops both
     on exit. `extra_env` reaches both nodes' Ray processes (and so their workers) and the drivers."""
     token = secrets.token_hex(16)
     env = base_env(token)
@@ -202,6 +205,7 @@ def two_node_cluster(
                 "cluster", "start", "--address", address, "--node-ip-address", pair.worker_ip,
                 "--num-cpus", str(worker_cpus), "--num-gpus", "0", "--object-store-memory", memory,
                 "--temp-dir", worker_temp, "--retries", str(retries), "--retry-interval", str(retry_interval_s),
+                *worker_args,
             )),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         )

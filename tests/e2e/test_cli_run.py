@@ -1,12 +1,12 @@
 """`fleetllm run` as a subprocess: the embedded model, dry runs, and SIGKILL + resume."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from kill_mid_run import kill_after_commits
 
 import pyarrow.dataset as pads
 import yaml
@@ -76,17 +76,9 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, tiny_model):
                   sampling={"max_tokens": 16, "extra": {"min_tokens": 16}},
                   compute={"batch_size": 1, "cpus_per_replica": 1})
     job = write_job(tmp_path, **common)
-    proc = subprocess.Popen([sys.executable, "-m", "fleetllm", "run", str(job)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:
-        if manifest.exists() and len(manifest.read_text().splitlines()) >= 6:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-            break
-        time.sleep(0.1)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    code, stderr = kill_after_commits(["run", str(job)], manifest, commits=6, timeout_s=400)
+    assert code == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
     committed = len(manifest.read_text().splitlines())
     assert 6 <= committed < 12
 

@@ -1,62 +1,37 @@
 """Two Ray nodes on two "hosts" (network namespaces joined by a veth pair), both started with
-`fleetllm cluster start`; the worker starts first and joins the head that comes up 20 s later."""
+`fleetllm cluster start`, token authentication on; the worker starts first and joins the head that
+comes up 20 s later. Then `fleetllm run` jobs on the cluster: one engine replica per node (the report
+names both nodes), and a run whose worker host dies mid-job and still completes, every row once.
+
+One cluster for the module (starting one costs most of the time); the node-killing test runs last."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
+import time
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import yaml
 
-from netns import fleetllm_argv, netns_pair_fixture, two_node_cluster  # noqa: F401  (fixture import)
+from netns import REPO, fleetllm_argv, netns_pair_fixture, two_node_cluster  # noqa: F401  (fixture import)
 
 HEAD_DELAY_S = 20
-
-DRIVER = r"""
-import json, os, ray
-ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-from ray.util import ActorPool
-
-@ray.remote(num_cpus=1)
-class Where:
-    def node(self, x):
-        ctx = ray.get_runtime_context()
-        return {"x": x, "node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
-
-@ray.remote(num_cpus=1)
-def square(x):
-    return x * x, ray.get_runtime_context().get_node_id()
-
-# One CPU per node and two one-CPU actors: the pool must span both nodes.
-actors = [Where.remote(), Where.remote()]
-seen = list(ActorPool(actors).map(lambda a, x: a.node.remote(x), range(8)))
-for actor in actors:  # the actors hold both CPUs; free them for the tasks
-    ray.kill(actor)
-tasks = ray.get([square.options(scheduling_strategy="SPREAD").remote(i) for i in range(6)])
-alive = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-print("RESULT " + json.dumps({
-    "alive": alive,
-    "actor_nodes": sorted({s["node"] for s in seen}),
-    "actor_ips": sorted({s["ip"] for s in seen}),
-    "xs": sorted(s["x"] for s in seen),
-    "squares": [t[0] for t in tasks],
-    "task_nodes": sorted({t[1] for t in tasks}),
-    "cpus": ray.cluster_resources().get("CPU"),
-}))
-"""
+ROWS = 96
+SHARD_ROWS = 4
+SHARDS = ROWS // SHARD_ROWS
 
 
 @pytest.fixture(scope="module")
 def cluster(netns_pair):
-    with two_node_cluster(netns_pair, head_delay_s=HEAD_DELAY_S) as c:
+    # 2 CPUs a node and 1.5 CPUs an engine replica: one replica fits on each node, never two on one,
+    # and each node keeps 0.5 CPU for Ray Data's read and prepare tasks.
+    with two_node_cluster(netns_pair, head_cpus=2, worker_cpus=2, head_delay_s=HEAD_DELAY_S) as c:
         yield c
-
-
-def result_of(proc) -> dict:
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert line, f"driver failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
-    return json.loads(line[-1][len("RESULT "):])
 
 
 def test_worker_started_first_joins_the_late_head_on_a_retry(cluster):
@@ -67,17 +42,6 @@ def test_worker_started_first_joins_the_late_head_on_a_retry(cluster):
     assert joined, out
     # The head came up HEAD_DELAY_S after the worker began, so at least that many seconds of retries.
     assert int(joined.group(1)) >= HEAD_DELAY_S // 5
-
-
-def test_driver_runs_tasks_and_an_actor_pool_on_both_nodes(cluster):
-    result = result_of(cluster.run_driver(DRIVER))
-    assert len(result["alive"]) == 2
-    assert result["actor_nodes"] == result["alive"]
-    assert result["actor_ips"] == ["198.18.0.1", "198.18.0.2"]
-    assert result["xs"] == list(range(8))
-    assert result["squares"] == [i * i for i in range(6)]
-    assert set(result["task_nodes"]) <= set(result["alive"])
-    assert result["cpus"] == 2.0
 
 
 def test_driver_with_a_wrong_token_is_refused(cluster):
@@ -101,20 +65,136 @@ def test_joining_with_a_wrong_token_fails_at_once_without_retrying(cluster, tmp_
 
 
 def test_cluster_wait_sees_both_nodes_and_times_out_clearly(cluster):
-    ok = cluster.run(cluster.pair.head, fleetllm_argv("cluster", "wait", "--cpus", "2", "--timeout", "60"))
+    ok = cluster.run(cluster.pair.head, fleetllm_argv("cluster", "wait", "--cpus", "4", "--timeout", "60"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "cluster ready: 0 GPU(s), 2 CPU(s) on 2 node(s)" in ok.stdout
+    assert "cluster ready: 0 GPU(s), 4 CPU(s) on 2 node(s)" in ok.stdout
 
     short = cluster.run(
         cluster.pair.head, fleetllm_argv("cluster", "wait", "--cpus", "64", "--timeout", "3", "--address", cluster.address)
     )
     assert short.returncode == 2
-    assert "waiting for 64 CPU(s): the cluster has 0 GPU(s), 2 CPU(s) on 2 node(s)" in short.stdout
-    assert "waited 3 s for 64 CPU(s), but the cluster has only 0 GPU(s), 2 CPU(s) on 2 node(s)" in short.stderr
+    assert "waiting for 64 CPU(s): the cluster has 0 GPU(s), 4 CPU(s) on 2 node(s)" in short.stdout
+    assert "waited 3 s for 64 CPU(s), but the cluster has only 0 GPU(s), 4 CPU(s) on 2 node(s)" in short.stderr
 
 
 def test_cluster_status_lists_the_nodes(cluster):
     proc = cluster.run(cluster.pair.head, fleetllm_argv("cluster", "status", "--address", cluster.address))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert re.search(r"2\.0 ?CPU|0\.0/2\.0 CPU|/2\.0 CPU", proc.stdout), proc.stdout
+    assert re.search(r"/4\.0 CPU", proc.stdout), proc.stdout
     assert proc.stdout.count("node_") >= 2, proc.stdout
+
+
+# ----------------------------------------------------------------------------------- batch jobs
+
+
+@pytest.fixture(scope="module")
+def input_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("in") / "rows.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i:03d}", "text": f"count to {i}"}) + "\n" for i in range(ROWS)))
+    return path
+
+
+def write_job(tmp_path: Path, model: str, input_file: Path, address: str, name: str) -> tuple[Path, Path]:
+    """A job on the tiny random model: 2 replicas of 1.5 CPUs (one per node), 24 shards of 4 rows,
+    16 tokens a row (ignore_eos), cluster.address = the head."""
+    out = tmp_path / "out"
+    spec = {
+        "name": name,
+        "model": {"source": model, "engine": "transformers"},
+        "input": {"path": str(input_file), "id_column": "id"},
+        "prompt": {"template": "{text}"},
+        "sampling": {"max_tokens": 16, "temperature": 0.0, "extra": {"ignore_eos": True}},
+        "output": {"path": str(out), "format": "parquet", "shard_rows": SHARD_ROWS},
+        "compute": {"replicas": 2, "cpus_per_replica": 1.5, "batch_size": 2},
+        "cluster": {"address": address},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, out
+
+
+def job_env(cluster) -> dict[str, str]:
+    """The cluster's environment (token included) without RAY_ADDRESS, so the job finds the head
+    through cluster.address alone; Ray Data waits for both replicas before handing out rows, so a
+    replica slow to start cannot leave its node without shards."""
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_ADDRESS"}
+    env["RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S"] = "300"
+    return env
+
+
+def alive_nodes(cluster) -> dict[str, str]:
+    """{node id: node IP} of the cluster's live nodes, seen by a driver on the head."""
+    code = ("import json, os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); "
+            "print('NODES ' + json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))")
+    proc = cluster.run_driver(code, timeout=120)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("NODES ")]
+    assert line, proc.stdout + proc.stderr
+    return json.loads(line[-1][len("NODES "):])
+
+
+def check_exactly_once(out: Path, report: dict) -> None:
+    assert report["complete"] is True and report["rows"] == ROWS and report["errors"] == 0, report
+    parts = sorted(out.glob("part-*.parquet"))
+    assert len(parts) == SHARDS
+    tables = [pq.read_table(p) for p in parts]
+    ids = [i for t in tables for i in t.column("row_id").to_pylist()]
+    assert sorted(ids) == [f"r{i:03d}" for i in range(ROWS)]  # every input id, once
+    assert [n for t in tables for n in t.column("num_generated_tokens").to_pylist()] == [16] * ROWS
+    manifest = [json.loads(l) for l in (out / "_fleetllm" / "manifest.jsonl").read_text().splitlines()]
+    assert sorted(e["shard"] for e in manifest) == list(range(SHARDS))  # each shard committed once
+    assert [p.name for p in out.rglob(".tmp-*")] == []  # no half-written file left behind
+
+
+def test_batch_job_runs_a_replica_on_each_node_and_the_report_names_both(cluster, tiny_model, input_file, tmp_path):
+    alive = alive_nodes(cluster)
+    assert sorted(alive.values()) == [cluster.pair.head_ip, cluster.pair.worker_ip]
+    nodes = sorted(alive)
+    job, out = write_job(tmp_path, tiny_model, input_file, cluster.address, "two-nodes")
+    proc = cluster.run(cluster.pair.head, fleetllm_argv("run", str(job)), env=job_env(cluster), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+    report = json.loads((out / "run.json").read_text())
+    check_exactly_once(out, report)
+    assert report["replicas"] == 2
+    assert report["nodes"] == nodes  # both node ids: the replicas that computed the shards
+    assert len(report["shard_nodes"]) == SHARDS
+    assert {n for ns in report["shard_nodes"].values() for n in ns} == set(nodes)
+
+
+def test_worker_node_killed_mid_job_the_job_completes_exactly_once(cluster, tiny_model, input_file, tmp_path):
+    """The worker host dies after shards from both nodes are committed. Its replica cannot be placed
+    again at once (the head has room for one); Ray Data retries the lost batches on it once the head's
+    replica goes idle and frees its CPUs, and the driver's assembler keeps one copy of each row.
+    Runs last in the module: the worker node is gone afterwards."""
+    job, out = write_job(tmp_path, tiny_model, input_file, cluster.address, "node-dies")
+    manifest = out / "_fleetllm" / "manifest.jsonl"
+    proc = subprocess.Popen(
+        cluster.pair.argv(cluster.pair.head, fleetllm_argv("run", str(job))), env=job_env(cluster), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        committed: list[dict] = []
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if manifest.exists():
+                committed = [json.loads(l) for l in manifest.read_text().splitlines() if l.strip()]
+                if len(committed) >= 4 and len({n for e in committed for n in e["nodes"]}) == 2:
+                    break
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the job ended before the kill:\n{proc.stdout.read()}"
+        assert 4 <= len(committed) < SHARDS
+        cluster.kill_worker()
+        assert cluster.pair.pids(cluster.pair.worker) == []  # the whole worker host is gone
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-8000:]
+    report = json.loads((out / "run.json").read_text())
+    check_exactly_once(out, report)
+    alive = alive_nodes(cluster)
+    assert list(alive.values()) == [cluster.pair.head_ip]
+    (dead,) = set(report["nodes"]) - set(alive)  # the worker computed shards before it died
+    assert report["nodes"] == sorted([dead, *alive])
+    assert report["rows_computed"] == ROWS and report["shards_computed"] == SHARDS
+    assert f"Wrote {ROWS} rows" in output

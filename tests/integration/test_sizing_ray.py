@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
 from fleetllm.errors import PlanError
-from fleetllm.sizing import (
-    cluster_resources,
-    plan_replicas,
-    ray_remote_args,
-    ray_remote_args_fn,
-    release_placement_groups,
-    reserve_placement_groups,
-)
+from fleetllm.sizing import cluster_resources, plan_replicas
 
 
 @pytest.fixture(scope="module")
@@ -51,50 +45,77 @@ def test_replica_counts_follow_the_cluster(gpu_cluster):
     assert live_groups(gpu_cluster) == {}  # refused before reserving anything
 
 
-def test_tp2_reserves_one_packed_group_per_replica_and_places_workers_on_its_gpus(gpu_cluster):
+def test_replicas_whose_workers_take_every_gpu_in_placement_groups_still_get_rows(gpu_cluster):
+    """The arrangement a TP=2 plan runs with on Ray Data: plain replica actors (CPUs only), each making
+    the {GPU: 1} x 2 placement group its vLLM workers run in, as vLLM's Ray executor does, until every
+    GPU of the cluster is held. All rows pass, on both replicas, each on two distinct GPUs."""
     ray = gpu_cluster
     p = plan(2)
-    groups = reserve_placement_groups(p, timeout_s=60)
-    try:
-        table = live_groups(ray)
-        assert len(groups) == 2 and set(table) == {pg.id.hex() for pg in groups}
-        for entry in table.values():
-            assert entry["state"] == "CREATED" and entry["strategy"] == "PACK"
-            assert list(entry["bundles"].values()) == [{"CPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
-        assert ray.available_resources().get("GPU", 0) == 0
+    assert p.replicas == 2 and p.bundles == ({"GPU": 1.0}, {"GPU": 1.0})
 
-        @ray.remote(num_cpus=0, num_gpus=1)
-        def worker_gpu() -> list:
-            return ray.get_gpu_ids()
+    @ray.remote(num_cpus=0, num_gpus=1)
+    def worker_gpu() -> list:
+        return ray.get_gpu_ids()
 
-        @ray.remote
-        class Replica:  # stands in for the replica actor; vLLM's Ray workers are its child tasks
-            def where(self):
-                ctx = ray.get_runtime_context()
-                return ctx.get_placement_group_id(), ray.get([worker_gpu.remote() for _ in range(2)])
+    class Replica:
+        def __init__(self, bundles):
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        actor = Replica.options(**ray_remote_args(p, groups[0])).remote()
-        pg_id, gpu_ids = ray.get(actor.where.remote(), timeout=60)
-        assert pg_id == groups[0].id.hex()
-        assert len({g for ids in gpu_ids for g in ids}) == 2  # two distinct GPUs of the group's bundles
-        ray.kill(actor)
+            self.pg = placement_group(list(bundles), strategy=p.strategy)
+            ray.get(self.pg.ready(), timeout=60)
+            on_pg = PlacementGroupSchedulingStrategy(placement_group=self.pg)
+            self.gpus = sorted(g for ids in ray.get([worker_gpu.options(scheduling_strategy=on_pg).remote()
+                                                     for _ in bundles]) for g in ids)
 
-        with pytest.raises(PlanError, match="could only place 0 of 1 placement groups"):
-            reserve_placement_groups(p, timeout_s=2, count=1)
-        assert len(live_groups(ray)) == 2  # the failed reservation was cleaned up
-    finally:
-        release_placement_groups(groups)
-    assert live_groups(ray) == {}
+        def __call__(self, batch):
+            batch["gpus"] = [",".join(map(str, self.gpus))] * len(batch["id"])
+            return batch
+
+    ds = ray.data.from_items([{"id": i} for i in range(40)], override_num_blocks=10)
+    ds = ds.map(lambda r: r, num_cpus=0.25).map_batches(
+        Replica, fn_constructor_kwargs={"bundles": p.bundles}, batch_size=4, num_cpus=p.cpus_per_replica,
+        compute=ray.data.ActorPoolStrategy(size=p.replicas))
+    rows = ds.take_all()
+    assert sorted(r["id"] for r in rows) == list(range(40))
+    gpu_sets = {r["gpus"] for r in rows}
+    assert len(gpu_sets) == 2 and all(len(g.split(",")) == 2 for g in gpu_sets)  # two replicas, 2 GPUs each
+    assert len({g for s in gpu_sets for g in s.split(",")}) == 4  # together they hold all four
 
 
-def test_remote_args_fn_uses_reserved_groups_then_reserves_more(gpu_cluster):
-    ray = gpu_cluster
-    p = plan(4)
-    fn = ray_remote_args_fn(p, reserve_placement_groups(p, timeout_s=60), timeout_s=5)
-    first = fn()["scheduling_strategy"].placement_group
-    assert len(live_groups(ray)) == 1
-    release_placement_groups([first])
-    second = fn()["scheduling_strategy"].placement_group  # the pool is empty: a new one is reserved
-    assert second.id != first.id and len(live_groups(ray)) == 1
-    release_placement_groups([second])
-    assert ray_remote_args(plan(1)) == {"num_cpus": 1.0, "num_gpus": 1}
+def _job(tmp_path, model: str, **compute):
+    from fleetllm.spec import JobSpec
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"q": "hi"}\n' * 10)
+    return JobSpec.model_validate({
+        "model": {"source": model, "engine": "vllm", "engine_kwargs": {"tensor_parallel_size": compute.pop("tp", 1)}},
+        "input": {"path": str(src)}, "prompt": {"template": "{q}"},
+        "output": {"path": str(tmp_path / "out")}, "compute": compute})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_cluster, embedded_model, tmp_path):
+    from fleetllm.batch.runner import engine_pool, plan_job
+
+    plan = plan_job(_job(tmp_path, embedded_model, replicas="auto", tp=2), resources=cluster_resources())
+    assert (plan.replicas, plan.resources) == (2, {"CPU": 1.0, "GPU": 2})
+    assert plan.engine_kwargs["distributed_executor_backend"] == "ray"  # vLLM's workers go on Ray
+    kwargs = engine_pool(plan).map_batches_kwargs()
+    assert kwargs["compute"].max_concurrent_calls_per_actor >= 2  # vLLM keeps several calls in flight
+    assert "num_gpus" not in kwargs and kwargs["num_cpus"] == 1.0  # the GPUs are held by vLLM's workers
+    with pytest.raises(PlanError, match="replicas: 3 needs 6 GPUs"):
+        plan_job(_job(tmp_path, embedded_model, replicas=3, tp=2), resources=cluster_resources())
+
+
+def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_cluster, embedded_model, tmp_path):
+    from rich.console import Console
+
+    from fleetllm.batch.runner import wait_for_cluster
+    from fleetllm.cluster.wait import ResourceTimeout
+
+    spec = _job(tmp_path, embedded_model, wait_for={"gpus": 4}, wait_timeout_s=5)
+    wait_for_cluster(spec, Console(quiet=True))  # there: returns at once
+    spec = _job(tmp_path, embedded_model, wait_for={"gpus": 8}, wait_timeout_s=2)
+    with pytest.raises(ResourceTimeout, match="4 GPU"):
+        wait_for_cluster(spec, Console(quiet=True))

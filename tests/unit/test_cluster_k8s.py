@@ -285,6 +285,48 @@ def test_serve_view_rejects_a_spec_without_models():
         serve_view({"name": "x", "models": []})
 
 
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"replica": 2}, "models.0.replica: unknown field"),
+        ({"engine": "tgi"}, "models.0.engine"),
+        ({"autoscaling": {"min_replicas": 3, "max_replicas": 1}}, "min_replicas (3) is above max_replicas (1)"),
+    ],
+)
+def test_render_refuses_what_fleetllm_serve_refuses(tmp_path, change, problem):
+    """k8s render validates through ServeSpec/load_serve_spec: the same file, the same error."""
+    from fleetllm.serve.spec import load_serve_spec
+
+    bad = copy.deepcopy(SERVE)
+    bad["models"][0].update(change)
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SpecError) as served:
+        load_serve_spec(path)
+    with pytest.raises(SpecError) as rendered:
+        render_spec_file(path, OPTS)
+    assert problem in str(served.value)
+    assert str(rendered.value) == str(served.value)
+
+
+def test_example_serve_yaml_renders_with_servespec_defaults(tmp_path):
+    """examples/serve.yaml (what `fleetllm serve` runs) renders; fields it leaves out get ServeSpec's
+    defaults in the spec the cluster runs."""
+    rayservice, _, _ = render_spec_file(ROOT / "examples" / "serve.yaml", OPTS)
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    example = yaml.safe_load((ROOT / "examples" / "serve.yaml").read_text())
+    assert [m["model_id"] for m in app["args"]["spec"]["models"]] == [m["model_id"] for m in example["models"]]
+
+    minimal = tmp_path / "serve.yaml"
+    minimal.write_text("models:\n  - model_id: tiny\n")
+    rayservice, _, route = render_spec_file(minimal, OPTS)
+    (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+    (model,) = app["args"]["spec"]["models"]
+    assert model["source"] == "smollm2-135m-instruct" and model["max_ongoing_requests"] == 32
+    assert app["args"]["spec"]["name"] == "fleetllm" and app["args"]["spec"]["host"] == "0.0.0.0"
+    assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "tiny"
+
+
 def test_fleet_of_a_job_spec_is_refused(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job(replicas=1).model_dump()))

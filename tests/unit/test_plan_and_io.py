@@ -76,3 +76,29 @@ def test_unknown_extension(tmp_path):
     (tmp_path / "data.txt").write_text("hi\n")
     with pytest.raises(InputError, match="cannot tell the format"):
         bio.describe_files(str(tmp_path / "data.txt"), "auto", 10)
+
+
+def _bytes_read() -> int | None:
+    try:
+        with open("/proc/self/io") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+    except OSError:
+        return None
+
+
+def test_parquet_peek_reads_a_few_pages_of_a_large_row_group(tmp_path):
+    """Plan-time column checks stay cheap on files written with one big row group (pyarrow's default)."""
+    import os
+
+    f = tmp_path / "big.parquet"
+    n = 200_000
+    pq.write_table(pa.table({"i": list(range(n)), "text": [os.urandom(24).hex() for _ in range(n)]}), f,
+                   row_group_size=n, use_dictionary=False)
+    assert pq.ParquetFile(f).metadata.num_row_groups == 1
+    before = _bytes_read()
+    rows = bio.peek_rows(str(f), "auto", n=5)
+    after = _bytes_read()
+    assert rows == pq.read_table(f).slice(0, 5).to_pylist()
+    if before is not None:
+        size = f.stat().st_size
+        assert after - before < size / 4, f"peek read {after - before} of {size} bytes"

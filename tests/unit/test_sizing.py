@@ -22,9 +22,9 @@ def test_auto_replicas_are_whole_replicas_of_the_gpus(tp, pp, expected):
     assert plan.uses_placement_group == (tp * pp > 1)
 
 
-def test_placement_group_bundles_hold_the_actor_cpu_and_one_gpu_per_worker():
+def test_placement_group_bundles_hold_one_gpu_per_vllm_worker():
     plan = plan_replicas("vllm", {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, 1, 2.0, None, GPU8)
-    assert plan.bundles == ({"CPU": 2.0}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0})
+    assert plan.bundles == ({"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0})
     assert plan.strategy == "PACK"
     assert engine_kwargs_for(plan, {"tensor_parallel_size": 2})["distributed_executor_backend"] == "ray"
     single = plan_replicas("vllm", {}, 1, 1.0, None, GPU8)

@@ -1,0 +1,81 @@
+"""Table and chart of benchmarks/gpu_throughput.py results: fleetllm / bare per engine, shape, workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    legs: dict[str, dict] = {}
+    for doc in docs:
+        for leg in doc.get("legs", []):
+            legs[leg["leg"]] = leg
+    rows = []
+    for leg in legs.values():
+        for res in leg.get("results", []):
+            rows.append({"engine": leg["engine"], "mode": leg["mode"], "shape": leg["shape"], **res})
+    pairs = []
+    keys = sorted({(r["engine"], r["shape"], r["workload"]) for r in rows})
+    for engine, shape, workload in keys:
+        got = {r["mode"]: r for r in rows if (r["engine"], r["shape"], r["workload"]) == (engine, shape, workload)}
+        bare, fleet = got.get("bare"), got.get("fleetllm")
+        pairs.append({
+            "engine": engine, "shape": shape, "workload": workload,
+            "bare_tokens_per_s": bare and round(bare["output_tokens_per_s"], 1),
+            "fleetllm_tokens_per_s": fleet and round(fleet["output_tokens_per_s"], 1),
+            "ratio": round(fleet["output_tokens_per_s"] / bare["output_tokens_per_s"], 3) if bare and fleet else None,
+            "gpu_busy_bare": bare and bare.get("gpu_busy"), "gpu_busy_fleetllm": fleet and fleet.get("gpu_busy"),
+            "rows": (fleet or bare)["rows"], "output_tokens": (fleet or bare)["output_tokens"],
+        })
+    machine = next((d["machine"] for d in docs if "machine" in d), {})
+    missing = [{"leg": leg["leg"], "why": leg.get("skipped") or leg.get("failed", "")[-600:]}
+               for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
+    return {"machine": machine, "pairs": pairs, "legs": list(legs.values()), "not_measured": missing}
+
+
+def table(doc: dict[str, Any]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"fleetllm vs bare engine, output tokens/s after engine start ({doc['machine'].get('gpu', '?')})")
+    for col in ("engine", "shape", "workload", "bare tok/s", "fleetllm tok/s", "fleetllm/bare", "GPU busy bare",
+                "GPU busy fleetllm"):
+        t.add_column(col, justify="right" if "tok" in col or "GPU" in col or "/" in col else "left")
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    for p in doc["pairs"]:
+        t.add_row(p["engine"], p["shape"], p["workload"], fmt(p["bare_tokens_per_s"], ",.0f"),
+                  fmt(p["fleetllm_tokens_per_s"], ",.0f"), fmt(p["ratio"], ".3f"), fmt(p["gpu_busy_bare"], ".2f"),
+                  fmt(p["gpu_busy_fleetllm"], ".2f"))
+    import io
+
+    console = Console(record=True, width=140, file=io.StringIO())
+    console.print(t)
+    for m in doc.get("not_measured", []):
+        console.print(f"not measured: {m['leg']}: {m['why'][:300]}")
+    return console.export_text()
+
+
+def plot(doc: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [p for p in doc["pairs"] if p["bare_tokens_per_s"] or p["fleetllm_tokens_per_s"]]
+    labels = [f"{p['engine']}\n{p['shape'].replace('-shape', '')}\n{p['workload']}" for p in pairs]
+    x = range(len(pairs))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(pairs)), 4.5))
+    ax.bar([i - 0.2 for i in x], [p["bare_tokens_per_s"] or 0 for p in pairs], 0.4, label="bare engine")
+    ax.bar([i + 0.2 for i in x], [p["fleetllm_tokens_per_s"] or 0 for p in pairs], 0.4, label="fleetllm run")
+    for i, p in zip(x, pairs):
+        if p["ratio"]:
+            ax.text(i, max(p["bare_tokens_per_s"], p["fleetllm_tokens_per_s"]) * 1.02, f"{p['ratio']:.2f}",
+                    ha="center", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("output tokens/s (log)")
+    ax.set_title(f"fleetllm vs bare engine on {doc['machine'].get('gpu', '?')} (ratio above bars)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)

@@ -1,0 +1,89 @@
+"""The engine stage's actor pool: how many replicas, what each reserves, how many batches each holds.
+
+Shared by `fleetllm run` (fleetllm.batch.runner) and the processor API (fleetllm.batch.processor), so
+both place replicas the same way:
+
+- one actor per replica, sized by `fleetllm.sizing` (GPUs = tensor x pipeline parallel size on vLLM;
+  when that is more than one the actor takes only CPUs and vLLM places its GPU workers in a placement
+  group it makes itself);
+- engines that take batches from several threads at once (`Engine.concurrent_batches`: vLLM's async
+  engine, the openai engine) get several calls in flight per replica, so the engine's running batch
+  stays full while a finished call travels back and the next one arrives. A replica that drains one
+  synchronous batch before it may start the next starves vLLM: ../shared/gpu/README.md measured 0.40
+  of bare vLLM that way with batches of 64.
+- in `fleetllm run` such an engine is handed a whole shard per call (unless compute.batch_size is
+  set): Ray Data runs the batches of one block one after another, so smaller calls would cap a
+  replica at batch_size x calls in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetllm.sizing import ReplicaPlan
+
+# Requests a concurrent replica aims to hold: above vLLM's max_num_seqs (256 by default, up to 1024 on
+# H100/H200-class GPUs), so its scheduler always has waiting requests to admit.
+TARGET_ROWS_IN_FLIGHT = 1024
+MAX_BATCHES_IN_FLIGHT = 64
+
+
+def engine_is_concurrent(engine: str) -> bool:
+    from fleetllm.engines.base import engine_class
+
+    return bool(engine_class(engine).concurrent_batches)
+
+
+def batches_in_flight(engine: str, rows_per_call: int, requested: int | str = "auto") -> int:
+    """Calls one replica works on at once: 1 for engines that take one batch at a time; for
+    concurrent engines `requested`, or (auto) enough calls for TARGET_ROWS_IN_FLIGHT rows, at least 2
+    (the next call runs while the last rows of the previous one finish)."""
+    if not engine_is_concurrent(engine):
+        return 1
+    if requested != "auto":
+        return int(requested)
+    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / rows_per_call)))
+
+
+@dataclass
+class EnginePool:
+    """Everything `ds.map_batches(EngineStage, **pool.map_batches_kwargs())` needs."""
+
+    engine: str
+    model_path: str
+    engine_kwargs: dict[str, Any]
+    replica_plan: ReplicaPlan
+    batch_size: int | None  # rows per engine call; None: a whole block (a shard, in `fleetllm run`)
+    in_flight: int = 1
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_retries: int = 2
+
+    def map_batches_kwargs(self) -> dict[str, Any]:
+        import ray
+
+        plan = self.replica_plan
+        strategy = ray.data.ActorPoolStrategy(
+            size=plan.replicas,
+            # Ray Data runs a synchronous callable one call at a time unless told otherwise; a
+            # concurrent engine takes `in_flight` calls at once, and one more queued per call.
+            max_concurrent_calls_per_actor=self.in_flight,
+            enable_true_multi_threading=self.in_flight > 1,
+            max_tasks_in_flight_per_actor=2 * self.in_flight,
+        )
+        kwargs: dict[str, Any] = dict(
+            fn_constructor_kwargs=dict(engine_name=self.engine, model_path=self.model_path,
+                                       engine_kwargs=self.engine_kwargs,
+                                       chat_template_kwargs=self.chat_template_kwargs,
+                                       max_retries=self.max_retries),
+            batch_size=self.batch_size, batch_format="pyarrow", compute=strategy,
+            num_cpus=plan.cpus_per_replica,
+        )
+        if plan.gpus_per_replica and not plan.uses_placement_group:  # else vLLM's workers hold the GPUs
+            kwargs["num_gpus"] = plan.gpus_per_replica
+        return kwargs
+
+    def describe(self) -> str:
+        call = f"batch(es) of {self.batch_size} rows" if self.batch_size else "whole shard(s)"
+        return f"{self.replica_plan.replicas} replica(s), {self.in_flight} {call} in flight per replica"

@@ -1,0 +1,101 @@
+"""`fleetllm query` as a subprocess against the capacity-limited OpenAI-compatible server on loopback.
+
+The server fails 30% of requests with 503; every row must still be written exactly once with its
+content and with `attempts` equal to the requests the server saw for it, across a SIGKILL + resume.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import yaml
+
+from fleetllm.testing.capacity_server import CapacityServer
+from kill_mid_run import kill_after_commits
+
+ROOT = Path(__file__).resolve().parents[2]
+# The served model id. org/name shaped so that it also plans on a runner that still resolves
+# model.source as a hub id for engine openai (see the xfail below).
+MODEL = "fleetllm-test/capacity"
+ROWS, SHARD_ROWS = 160, 20
+
+
+def fleetllm(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "fleetllm", *args], cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def write_spec(tmp_path: Path, base_url: str, **compute) -> Path:
+    src = tmp_path / "in.jsonl"
+    if not src.exists():  # rewriting it would make it another input (its shards would not resume)
+            src.write_text("".join(json.dumps({"id": f"q{i:03d}", "text": f"prompt {i}"}) + "\n" for i in range(ROWS)))
+    spec = {"name": "query-e2e",
+            "model": {"source": MODEL, "engine_kwargs": {   # model.engine defaults to openai in `fleetllm query`
+                "base_url": base_url, "max_retries": 30,
+                "retry": {"initial_backoff_s": 0.01, "max_backoff_s": 0.05}}},
+            "input": {"path": str(src), "id_column": "id"}, "prompt": {"template": "{text}"},
+            "sampling": {"max_tokens": 8},
+            "output": {"path": str(tmp_path / "out"), "shard_rows": SHARD_ROWS},
+            "compute": {"replicas": 1, "cpus_per_replica": 0.5, **compute}}
+    path = tmp_path / "query.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def read_rows(path: Path) -> list[dict]:
+    return pads.dataset(str(path), format="parquet", exclude_invalid_files=True).to_table().to_pylist()
+
+
+def test_query_survives_503s_and_sigkill_then_resumes_exactly_once(tmp_path):
+    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
+    # 2 shards in flight at a time, so shards commit one after another and the kill lands mid-run.
+    with CapacityServer(capacity=8, latency_s=0.05, failure_rate=0.3, seed=11, model=MODEL) as first:
+        spec = write_spec(tmp_path, first.base_url, batches_in_flight=2)
+        code, stderr = kill_after_commits(["query", str(spec)], manifest, commits=2, timeout_s=120)
+        assert code == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
+        first_stats = first.stats()
+    committed = len(manifest.read_text().splitlines())
+    assert 2 <= committed < ROWS // SHARD_ROWS
+
+    with CapacityServer(capacity=8, latency_s=0.05, failure_rate=0.3, seed=12, model=MODEL) as second:
+        spec = write_spec(tmp_path, second.base_url, batches_in_flight=2)  # same job, a new endpoint port
+        resumed = fleetllm("query", str(spec), timeout=180)
+        second_stats = second.stats()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Wrote {ROWS} rows" in resumed.stdout
+
+    rows = read_rows(tmp_path / "out")
+    assert sorted(r["row_id"] for r in rows) == [f"q{i:03d}" for i in range(ROWS)]  # each id exactly once
+    assert all(r["error"] is None and r["generated_text"] == f"echo: {r['text']}" for r in rows)
+    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert report["rows_skipped"] == committed * SHARD_ROWS and report["engine"]["name"] == "openai"
+    # attempts = the HTTP requests the endpoint saw for the row, in the run that committed it
+    resumed_rows = [r for r in rows if r["text"] in second_stats["prompts"]]
+    assert len(resumed_rows) == ROWS - committed * SHARD_ROWS
+    for r in rows:
+        seen = second_stats["prompts"] if r in resumed_rows else first_stats["prompts"]
+        assert r["attempts"] == seen[r["text"]], r
+    assert any(r["attempts"] > 1 for r in rows) and first_stats["failed"] + second_stats["failed"] > 10
+
+
+def test_query_refuses_another_engine_and_a_missing_base_url(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"source": "m", "engine": "transformers"},
+                                    "input": {"path": "in.jsonl"}, "output": {"path": "out"}}))
+    proc = fleetllm("query", str(spec), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "sets model.engine: transformers" in proc.stderr and "fleetllm run" in proc.stderr
+    spec.write_text(yaml.safe_dump({"model": {"source": "m"}, "input": {"path": "in.jsonl"},
+                                    "output": {"path": "out"}, "compute": {"max_retries": 3}}))
+    proc = fleetllm("query", str(spec), timeout=60)
+    assert proc.returncode == 2 and "base_url: Field required" in proc.stderr
+
+
+def test_example_query_yaml_plans(tmp_path):
+    proc = fleetllm("query", "examples/query.yaml", "--dry-run", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "engine     openai" in proc.stdout and "8 rows in 1 shard(s)" in proc.stdout

@@ -3,9 +3,13 @@ engine) -> output tokens/s and TTFT p50/p99, side by side with the engine's bare
 (TransformersEngine.generate on the same prompts, same machine, same run).
 
     PYTHONPATH=$PWD python benchmarks/serve_load.py [--model smollm2-135m-instruct] [--concurrency 1,8,32]
+        [--repeats 3] [--stream-messages-per-s 40]
 
-Prints a table and writes benchmarks/results/serve_load.json. Every request generates exactly
---max-tokens tokens (ignore_eos), so served and bare runs do the same work.
+Bare and served runs alternate (bare, then each concurrency level, `--repeats` times) so that both
+sides see the same machine load; the ratio is the median of the per-repeat ratios at 32 clients.
+The 1-minute load average is recorded with each run. Prints a table and writes
+benchmarks/results/serve_load.json. Every request generates exactly --max-tokens tokens (ignore_eos),
+so served and bare runs do the same work.
 """
 
 from __future__ import annotations
@@ -30,31 +34,42 @@ def prompts(n: int) -> list[list[dict]]:
             for i in range(n)]
 
 
-def bare_throughput(path: str, n: int, max_tokens: int, threads: int) -> dict:
-    from fleetllm.engines.base import GenerationRequest
-    from fleetllm.engines.transformers_engine import TransformersEngine
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
 
-    engine = TransformersEngine(path, engine_kwargs={"num_threads": threads})
-    engine.start()
-    sampling = {"max_tokens": max_tokens, "ignore_eos": True}
-    engine.generate([GenerationRequest(messages=m, sampling={"max_tokens": 4}) for m in prompts(2)])  # warm-up
-    reqs = [GenerationRequest(messages=m, sampling=sampling) for m in prompts(n)]
-    t0 = time.perf_counter()
-    results = engine.generate(reqs)
-    wall = time.perf_counter() - t0
-    tokens = sum(r.num_generated_tokens for r in results)
-    engine.stop()
-    return {"requests": n, "output_tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2)}
+
+class Bare:
+    """The engine's own batch throughput: one TransformersEngine.generate over all prompts."""
+
+    def __init__(self, path: str, threads: int) -> None:
+        from fleetllm.engines.base import GenerationRequest
+        from fleetllm.engines.transformers_engine import TransformersEngine
+
+        self.request = GenerationRequest
+        self.engine = TransformersEngine(path, engine_kwargs={"num_threads": threads})
+        self.engine.start()
+        self.engine.generate([GenerationRequest(messages=m, sampling={"max_tokens": 4}) for m in prompts(2)])
+
+    def run(self, n: int, max_tokens: int) -> dict:
+        sampling = {"max_tokens": max_tokens, "ignore_eos": True}
+        reqs = [self.request(messages=m, sampling=sampling) for m in prompts(n)]
+        before = load1()
+        t0 = time.perf_counter()
+        results = self.engine.generate(reqs)
+        wall = time.perf_counter() - t0
+        tokens = sum(r.num_generated_tokens for r in results)
+        return {"requests": n, "output_tokens": tokens, "wall_s": round(wall, 3),
+                "tokens_per_s": round(tokens / wall, 2), "load1": [before, load1()]}
 
 
 async def client_run(url: str, concurrency: int, max_tokens: int) -> dict:
     import httpx
 
     ttfts: list[float] = []
-    tokens = 0
+    tokens = chunks = 0
 
     async def one(client: httpx.AsyncClient, messages: list[dict]) -> None:
-        nonlocal tokens
+        nonlocal tokens, chunks
         body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}
         t0 = time.perf_counter()
@@ -65,6 +80,7 @@ async def client_run(url: str, concurrency: int, max_tokens: int) -> dict:
             async for line in resp.aiter_lines():
                 if not line.startswith("data: {"):
                     continue
+                chunks += 1
                 chunk = json.loads(line[6:])
                 if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                     first = time.perf_counter() - t0
@@ -73,14 +89,16 @@ async def client_run(url: str, concurrency: int, max_tokens: int) -> dict:
         ttfts.append(first if first is not None else time.perf_counter() - t0)
 
     limits = httpx.Limits(max_connections=concurrency + 4)
+    before = load1()
     async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*[one(client, m) for m in prompts(concurrency)])
         wall = time.perf_counter() - t0
     ttfts.sort()
-    return {"concurrency": concurrency, "requests": concurrency, "output_tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 2), "ttft_p50_s": round(statistics.median(ttfts), 3),
-            "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3)}
+    return {"concurrency": concurrency, "requests": concurrency, "output_tokens": tokens, "sse_chunks": chunks,
+            "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 2),
+            "ttft_p50_s": round(statistics.median(ttfts), 3),
+            "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 3), "load1": [before, load1()]}
 
 
 def main() -> int:
@@ -88,6 +106,9 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct", help="model alias or folder")
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated client counts (32 is the ratio's)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="bare/served rounds; the ratio is their median")
+    ap.add_argument("--stream-messages-per-s", type=float, default=None,
+                    help="the replica's streaming message budget (default: the spec's CPU default)")
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs (torch threads) for the engine")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve_load.json"))
     args = ap.parse_args()
@@ -100,8 +121,7 @@ def main() -> int:
 
     path = models.resolve(args.model).path
     ratio_n = 32 if 32 in levels else max(levels)
-    print(f"bare engine: TransformersEngine.generate on {ratio_n} prompts x {args.max_tokens} tokens ...", flush=True)
-    bare = bare_throughput(path, ratio_n, args.max_tokens, args.cpus)
+    bare_engine = Bare(path, args.cpus)
 
     import ray
 
@@ -110,31 +130,46 @@ def main() -> int:
         "model_id": "bench", "source": path, "engine": "transformers",
         "engine_kwargs": {"num_threads": args.cpus, "max_batch_size": max(levels)},
         "max_ongoing_requests": max(levels), "max_queued_requests": max(levels),
-        "cpus_per_replica": args.cpus}]})
-    served = []
+        "cpus_per_replica": args.cpus, "stream_messages_per_s": args.stream_messages_per_s}]})
+    budget = spec.llm_configs()[0].stream_budget()
+    bare: list[dict] = []
+    served: list[dict] = []
     try:
         url = run_serve(spec)
         asyncio.run(client_run(url, 1, 4))  # warm-up
-        for c in levels:
-            print(f"served: {c} concurrent streaming clients ...", flush=True)
-            served.append(asyncio.run(client_run(url, c, args.max_tokens)))
+        for rep in range(args.repeats):
+            print(f"round {rep + 1}/{args.repeats}: bare engine, {ratio_n} prompts x {args.max_tokens} tokens ...",
+                  flush=True)
+            bare.append({"round": rep, **bare_engine.run(ratio_n, args.max_tokens)})
+            for c in levels:
+                print(f"round {rep + 1}/{args.repeats}: served, {c} concurrent streaming clients ...", flush=True)
+                served.append({"round": rep, **asyncio.run(client_run(url, c, args.max_tokens))})
     finally:
         stop_serve()
-    at = next(s for s in served if s["concurrency"] == ratio_n)
-    ratio = round(at["tokens_per_s"] / bare["tokens_per_s"], 3)
+        bare_engine.engine.stop()
+    pairs = [round(s["tokens_per_s"] / b["tokens_per_s"], 3)
+             for b in bare for s in served if s["round"] == b["round"] and s["concurrency"] == ratio_n]
+    ratio = statistics.median(pairs)
 
-    print(f"\nmodel {args.model}, {args.cpus} CPU threads, {args.max_tokens} output tokens per request")
-    print(f"{'run':<22}{'requests':>9}{'tokens':>8}{'wall s':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}")
-    print(f"{'bare engine batch':<22}{bare['requests']:>9}{bare['output_tokens']:>8}{bare['wall_s']:>9}"
-          f"{bare['tokens_per_s']:>9}{'-':>10}{'-':>10}")
-    for s in served:
-        print(f"{'served, ' + str(s['concurrency']) + ' clients':<22}{s['requests']:>9}{s['output_tokens']:>8}"
-              f"{s['wall_s']:>9}{s['tokens_per_s']:>9}{s['ttft_p50_s']:>10}{s['ttft_p99_s']:>10}")
-    print(f"served/bare throughput at {ratio_n} clients: {ratio}")
+    print(f"\nmodel {args.model}, {args.cpus} CPU threads, {args.max_tokens} output tokens per request, "
+          f"stream budget {budget:g} messages/s")
+    print(f"{'run':<24}{'tokens':>8}{'chunks':>8}{'wall s':>9}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p99':>10}"
+          f"{'load1':>12}")
+    for rep in range(args.repeats):
+        b = bare[rep]
+        label = f"{rep + 1}: bare engine batch"
+        print(f"{label:<24}{b['output_tokens']:>8}{'-':>8}{b['wall_s']:>9}"
+              f"{b['tokens_per_s']:>9}{'-':>10}{'-':>10}{str(b['load1'][0]):>12}")
+        for s in (s for s in served if s["round"] == rep):
+            label = f"{rep + 1}: served, {s['concurrency']} clients"
+            print(f"{label:<24}{s['output_tokens']:>8}"
+                  f"{s['sse_chunks']:>8}{s['wall_s']:>9}{s['tokens_per_s']:>9}{s['ttft_p50_s']:>10}"
+                  f"{s['ttft_p99_s']:>10}{str(s['load1'][0]):>12}")
+    print(f"served/bare throughput at {ratio_n} clients: per round {pairs}, median {ratio}")
     out = {"model": args.model, "cpus": args.cpus, "max_tokens": args.max_tokens, "machine": platform.platform(),
-           "python": sys.version.split()[0], "bare": bare, "served": served,
-           "ratio_served_over_bare": ratio, "ratio_concurrency": ratio_n,
-           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "python": sys.version.split()[0], "stream_messages_per_s": None if budget == float("inf") else budget, "repeats": args.repeats,
+           "bare": bare, "served": served, "ratio_per_round": pairs, "ratio_served_over_bare": ratio,
+           "ratio_concurrency": ratio_n, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -19,8 +19,12 @@ from fleetllm.errors import EngineError, FleetError, RowError
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
-# Deltas of one request are sent at most this often (the first one at once): fewer, larger chunks
-# through Ray Serve's streaming when the engine outpaces the transport.
+# How often one request's deltas are sent (the first and the last at once, the rest merged): every
+# message costs CPU in the replica, the ingress, the HTTP proxy and the client (2-3 ms together on
+# this 2-core machine) whatever it carries, and on a CPU replica that CPU is taken from the model. A
+# replica sends at most LLMConfig.stream_budget() messages a second across its streams: each
+# stream's gap is max(STREAM_INTERVAL_S, streams / budget), so with the CPU default of 40 one stream
+# gets a chunk every 50 ms and 32 streams one every 0.8 s (benchmarks/NOTES-serve.md).
 STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0.05"))
 
 
@@ -58,6 +62,7 @@ class ModelServer:
                                    chat_template_kwargs=config.chat_template_kwargs)
             engine.start()
         self.engine = engine
+        self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
 
@@ -79,6 +84,10 @@ class ModelServer:
         if batcher is not None:
             out.update(dataclasses.asdict(batcher.stats))
         return out
+
+    def stream_gap(self) -> float:
+        """Seconds between two messages of one stream, now (grows with the streams in flight)."""
+        return max(STREAM_INTERVAL_S, self.ongoing / self.stream_budget)
 
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield lists of delta dicts; a request the engine refuses yields one error item."""
@@ -122,9 +131,9 @@ class ModelServer:
             while True:
                 await wake.wait()
                 wake.clear()
-                wait = last + STREAM_INTERVAL_S - time.monotonic()
+                wait = last + self.stream_gap() - time.monotonic()
                 if last and wait > 0 and not state["done"]:
-                    await asyncio.sleep(wait)
+                    await asyncio.wait({task}, timeout=wait)  # merge what arrives; the request's end cuts it short
                 if buf:
                     items, buf[:] = list(buf), []
                     last = time.monotonic()

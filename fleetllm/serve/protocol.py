@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,7 +36,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingFields(BaseModel):
+class _RequestBase(BaseModel):
+    """The fields both endpoints share; each request names its own token limit and logprobs."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
@@ -54,6 +56,10 @@ class _SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0)
     user: str | None = None
 
+    # request fields copied unchanged into the engine's sampling dict
+    SAMPLING_FIELDS: ClassVar[tuple[str, ...]] = ("n", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
+                                                  "min_tokens", "repetition_penalty")
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
@@ -64,14 +70,18 @@ class _SamplingFields(BaseModel):
             raise ValueError("`stop` takes up to 4 non-empty strings")
         return stops
 
-    def sampling(self, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
+    def output_limit(self) -> int | None:
+        """The requested output token limit."""
+        return self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        """Top logprobs per token (0: the chosen token's only), None for no logprobs."""
+        return None
+
+    def engine_sampling(self) -> dict[str, Any]:
         """The engine's sampling dict (unset values left out)."""
-        params: dict[str, Any] = {
-            "n": self.n, "max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-            "top_k": self.top_k, "seed": self.seed, "stop": self.stop, "logprobs": logprobs,
-            "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
-            "repetition_penalty": self.repetition_penalty,
-        }
+        params = {k: getattr(self, k) for k in self.SAMPLING_FIELDS}
+        params.update(max_tokens=self.output_limit(), logprobs=self.logprobs_count())
         return {k: v for k, v in params.items() if v is not None}
 
 
@@ -87,7 +97,7 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_RequestBase):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -100,12 +110,14 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("`top_logprobs` needs `logprobs: true`")
         return self
 
-    def engine_sampling(self) -> dict[str, Any]:
-        return self.sampling(self.max_completion_tokens or self.max_tokens,
-                             (self.top_logprobs or 0) if self.logprobs else None)
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_RequestBase):
     prompt: str | list[str]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
@@ -121,8 +133,8 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("`prompt` is empty")
         return value
 
-    def engine_sampling(self) -> dict[str, Any]:
-        return self.sampling(self.max_tokens, self.logprobs)
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
 class Usage(BaseModel):
@@ -140,18 +152,33 @@ class ResponseMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+def _now() -> int:
+    return int(time.time())
+
+
+class _Choice(BaseModel):
+    """What every choice (whole or streamed) carries besides its text."""
+
     index: int
-    message: ResponseMessage
-    finish_reason: str | None
+    finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class _Response(BaseModel):
+    """The envelope of every completion response and chunk."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     model: str
+    usage: Usage | None = None
+
+
+class ChatChoice(_Choice):
+    message: ResponseMessage
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
 
@@ -161,42 +188,28 @@ class DeltaMessage(BaseModel):
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
+class ChatChunkChoice(_Choice):
     delta: DeltaMessage
-    finish_reason: str | None = None
-    logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
-class CompletionChoice(BaseModel):
-    index: int
+class CompletionChoice(_Choice):
     text: str
-    finish_reason: str | None = None
-    logprobs: dict[str, Any] | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Response):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=_now)
     owned_by: str = "fleetllm"
     max_model_len: int | None = None
 

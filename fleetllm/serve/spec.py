@@ -59,6 +59,11 @@ class ServeModelSpec(StrictModel):
     )
     cpus_per_replica: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
+    stream_messages_per_s: float | None = Field(
+        None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
+        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
+        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
+    )
 
     def to_llm_config(self) -> "LLMConfig":
         deployment: dict[str, Any] = {
@@ -74,6 +79,7 @@ class ServeModelSpec(StrictModel):
             model_loading_config=ModelLoadingConfig(model_id=self.model_id, model_source=self.source),
             engine=self.engine, engine_kwargs=self.engine_kwargs,
             chat_template_kwargs=self.chat_template_kwargs, deployment_config=deployment,
+            stream_messages_per_s=self.stream_messages_per_s,
         )
 
 
@@ -105,6 +111,11 @@ class ModelLoadingConfig(StrictModel):
     model_source: str = Field("smollm2-135m-instruct", description="Model alias, local folder or hub id.")
 
 
+# A CPU replica's default message budget: a message costs about 2-3 ms of CPU in the replica, the
+# ingress, the HTTP proxy and the client together, taken from the model on a CPU machine; 40 a second
+# keeps that near 5% of two cores (benchmarks/NOTES-serve.md).
+CPU_STREAM_MESSAGES_PER_S = 40.0
+
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
                    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
                    "graceful_shutdown_timeout_s"}
@@ -129,6 +140,11 @@ class LLMConfig(StrictModel):
         default_factory=dict, description="Ray Serve deployment options: num_replicas or autoscaling_config, "
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
+    stream_messages_per_s: float | None = Field(
+        None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
+        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
+        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
+    )
 
     @field_validator("deployment_config")
     @classmethod
@@ -150,6 +166,13 @@ class LLMConfig(StrictModel):
             return self.engine
         usable = importlib.util.find_spec("vllm") and importlib.util.find_spec("fleetllm.engines.vllm_engine")
         return "vllm" if usable else "transformers"
+
+    def stream_budget(self) -> float:
+        """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default)."""
+        if self.stream_messages_per_s is not None:
+            return self.stream_messages_per_s
+        gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or 0
+        return float("inf") if gpus > 0 else CPU_STREAM_MESSAGES_PER_S
 
     def deployment_options(self) -> dict[str, Any]:
         """Options for `Deployment.options(...)`, with fleetllm's defaults filled in."""

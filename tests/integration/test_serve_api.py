@@ -125,6 +125,22 @@ def test_concurrent_requests_share_engine_batches(app):
     assert stats.batches - before < 6 and stats.max_batch_rows > 1
 
 
+def test_a_small_stream_budget_merges_deltas_into_fewer_chunks(app):
+    _, servers = app
+    tiny = servers["tiny"]
+    cfg = tiny.config.model_copy(update={"stream_messages_per_s": 0.5})  # 4 streams: one message per 8 s
+    api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
+    asks = [[{"role": "user", "content": f"count {i}"}] for i in range(4)]
+    streams = call(api, *[chat(max_tokens=64, messages=m, stream=True) for m in asks])
+    plain = call(api, *[chat(max_tokens=64, messages=m) for m in asks])
+    for stream, whole in zip(streams, plain):
+        chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
+        content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+        assert len([c for c in content if c]) <= 3  # 64 tokens: the first at once, the rest merged
+        assert "".join(c or "" for c in content) == whole.json()["choices"][0]["message"]["content"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_chat_template_kwargs_reach_the_template(app):
     api, _ = app
     plain, loud = call(api, chat(model="themed", max_tokens=1),

@@ -60,6 +60,17 @@ def test_llm_config_in_ray_serve_llm_shape():
         LLMConfig(model_loading_config=dict(model_id="x"), deployment_config={"replicas": 2})
 
 
+def test_stream_budget_defaults_to_a_cpu_limit_and_none_on_gpu():
+    def budget(**model):
+        return ServeSpec.model_validate({"models": [{"model_id": "m", **model}]}).llm_configs()[0].stream_budget()
+
+    assert budget() == 40.0
+    assert budget(gpus_per_replica=1) == float("inf")
+    assert budget(gpus_per_replica=1, stream_messages_per_s=500) == 500
+    with pytest.raises(ValidationError, match="stream_messages_per_s"):
+        LLMConfig(model_loading_config=dict(model_id="x"), stream_messages_per_s=0)
+
+
 def test_dry_run_prints_the_plan(capsys):
     assert main(["serve", str(ROOT / "examples" / "serve.yaml"), "--dry-run", "--port", "9000"]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 
 import pytest
 
@@ -69,18 +70,24 @@ def test_replicas_whose_workers_take_every_gpu_in_placement_groups_still_get_row
                                                      for _ in bundles]) for g in ids)
 
         def __call__(self, batch):
+            time.sleep(0.1)  # long enough for both replicas to be up while rows flow
             batch["gpus"] = [",".join(map(str, self.gpus))] * len(batch["id"])
+            batch["free_gpus"] = [ray.available_resources().get("GPU", 0.0)] * len(batch["id"])
             return batch
 
-    ds = ray.data.from_items([{"id": i} for i in range(40)], override_num_blocks=10)
+    ds = ray.data.from_items([{"id": i} for i in range(40)], override_num_blocks=20)
     ds = ds.map(lambda r: r, num_cpus=0.25).map_batches(
-        Replica, fn_constructor_kwargs={"bundles": p.bundles}, batch_size=4, num_cpus=p.cpus_per_replica,
+        Replica, fn_constructor_kwargs={"bundles": p.bundles}, batch_size=2, num_cpus=p.cpus_per_replica,
         compute=ray.data.ActorPoolStrategy(size=p.replicas))
-    rows = ds.take_all()
-    assert sorted(r["id"] for r in rows) == list(range(40))
-    gpu_sets = {r["gpus"] for r in rows}
-    assert len(gpu_sets) == 2 and all(len(g.split(",")) == 2 for g in gpu_sets)  # two replicas, 2 GPUs each
-    assert len({g for s in gpu_sets for g in s.split(",")}) == 4  # together they hold all four
+    ctx = ray.data.DataContext.get_current()
+    before, ctx.wait_for_min_actors_s = ctx.wait_for_min_actors_s, 120  # both replicas up before rows flow
+    try:
+        rows = ds.take_all()
+    finally:
+        ctx.wait_for_min_actors_s = before
+    assert sorted(r["id"] for r in rows) == list(range(40))  # no stall: every row passed
+    assert all(len(set(r["gpus"].split(","))) == 2 for r in rows)  # each replica's workers on 2 distinct GPUs
+    assert min(r["free_gpus"] for r in rows) == 0  # rows kept flowing while the groups held every GPU
 
 
 def _job(tmp_path, model: str, **compute):

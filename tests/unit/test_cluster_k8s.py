@@ -211,7 +211,8 @@ def test_serve_spec_renders_rayservice_service_and_httproute(tmp_path):
     config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
     (app,) = config["applications"]
     assert app["import_path"] == SERVE_APP_IMPORT_PATH
-    assert app["args"]["spec"]["models"] == SERVE["models"]
+    got = app["args"]["spec"]["models"]  # the validated spec: what the file says, plus the spec's defaults
+    assert [{k: m[k] for k in want} for m, want in zip(got, SERVE["models"])] == SERVE["models"]
     assert app["args"]["spec"]["host"] == "0.0.0.0"
     cluster = rayservice["spec"]["rayClusterConfig"]
     assert cluster["rayVersion"] == metadata.version("ray")

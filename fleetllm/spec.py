@@ -127,9 +127,9 @@ class WaitFor(StrictModel):
 class ComputeSpec(StrictModel):
     replicas: int | Literal["auto"] = Field(1, description="Engine replicas, or auto (as many as fit).")
     batch_size: int = Field(
-        16, ge=1, description="Rows handed to a replica at a time. Engine openai: default output.shard_rows "
-        "(a call waits for its slowest row, so smaller batches leave the endpoint idle; see "
-        "fleetllm/query/window.py).")
+        16, ge=1, description="Rows handed to a replica at a time. Engines vllm and openai: default "
+        "output.shard_rows, a whole shard per call: vllm schedules the rows itself, and an openai call waits "
+        "for its slowest row, so smaller batches leave the endpoint idle (fleetllm/query/window.py).")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica (CPU engines).")
     gpus_per_replica: float | None = Field(
         None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM, 0 otherwise."

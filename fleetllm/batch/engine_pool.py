@@ -55,7 +55,7 @@ class EnginePool:
     model_path: str
     engine_kwargs: dict[str, Any]
     replica_plan: ReplicaPlan
-    batch_size: int | None  # rows per engine call; None: a whole block (a shard, in `fleetllm run`)
+    batch_size: int  # rows per engine call
     in_flight: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
@@ -83,7 +83,3 @@ class EnginePool:
         if plan.gpus_per_replica and not plan.uses_placement_group:  # else vLLM's workers hold the GPUs
             kwargs["num_gpus"] = plan.gpus_per_replica
         return kwargs
-
-    def describe(self) -> str:
-        call = f"batch(es) of {self.batch_size} rows" if self.batch_size else "whole shard(s)"
-        return f"{self.replica_plan.replicas} replica(s), {self.in_flight} {call} in flight per replica"

@@ -19,12 +19,12 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import __version__
-from fleetllm.batch import io as bio
 from fleetllm import sizing
+from fleetllm.batch import io as bio
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
 from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
-from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
+from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
@@ -48,7 +48,7 @@ class JobPlan:
     replica_plan: ReplicaPlan
     in_flight: int = 1
     sized_for: str = "the connected Ray cluster"
-    rows_per_call: int | None = None  # None: a whole shard per engine call
+    rows_per_call: int = 16  # rows per engine call (a whole shard on vllm/openai by default)
 
     @property
     def replicas(self) -> int:
@@ -72,9 +72,8 @@ class JobPlan:
             f"job        {s.name}",
             f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
             f"engine     {self.engine} ({self.engine_reason})",
-            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} "
-            + (f"batch(es) of {self.rows_per_call} rows" if self.rows_per_call else "whole shard(s)")
-            + f" in flight per replica (sized for {self.sized_for})",
+            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
+            f"rows in flight per replica (sized for {self.sized_for})",
             *(f"           {line}" for line in self.replica_plan.description[1:]),
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
@@ -148,16 +147,16 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         out.prepare(fp, parts, overwrite)
         pending, committed = out.pending(shards, fp)
     rows_per_call = rows_per_engine_call(spec, engine)
-    in_flight = batches_in_flight(engine, rows_per_call or spec.output.shard_rows, spec.compute.batches_in_flight)
+    in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
                    replica_plan, in_flight, sized_for, rows_per_call)
 
 
-def rows_per_engine_call(spec: JobSpec, engine: str) -> int | None:
-    """compute.batch_size; None (a whole shard per call) on engines that batch continuously when
-    batch_size is left at its default: the engine schedules the shard's rows itself."""
+def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
+    """compute.batch_size; on engines that batch continuously, when batch_size is left at its default,
+    output.shard_rows: a shard is one block, handed over in one call, and the engine schedules its rows."""
     if engine_is_concurrent(engine) and "batch_size" not in spec.compute.model_fields_set:
-        return spec.output.shard_rows  # a shard is one block: one call (Ray Data needs a batch_size on GPUs)
+        return spec.output.shard_rows
     return spec.compute.batch_size
 
 
@@ -399,7 +398,7 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "engine": {"name": plan.engine, "version": engine_version(plan.engine), "why": plan.engine_reason},
         "replicas": plan.replicas,
         "batches_in_flight_per_replica": plan.in_flight,
-        "rows_per_engine_call": plan.rows_per_call or "shard",
+        "rows_per_engine_call": plan.rows_per_call,
         "resources_per_replica": plan.resources,
         "nodes": nodes,
         "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},

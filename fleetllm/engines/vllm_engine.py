@@ -68,7 +68,7 @@ class VLLMEngine(Engine):
 
     name = "vllm"
     concurrent_batches = True
-    usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference; the server sets OPENAI_API_SERVER
+    usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference (used by serving too)
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -118,7 +118,7 @@ class VLLMEngine(Engine):
 
         # vLLM sizes its scheduler by usage context: the engine context gets max_num_seqs=128 and
         # max_num_batched_tokens=2048, vllm.LLM (offline batch) 1024 and 16384 on H100/H200-class GPUs.
-        # Batch jobs are the LLM class's use; serving passes OPENAI_API_SERVER. engine_kwargs override both.
+        # Batch jobs are the LLM class's use. engine_kwargs (max_num_seqs, max_num_batched_tokens) override it.
         context = getattr(UsageContext, self.usage_context)
 
         async def make() -> Any:  # created on the loop, so vLLM's output handler runs there

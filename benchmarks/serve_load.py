@@ -7,6 +7,8 @@ engine) -> output tokens/s and TTFT p50/p99, side by side with the engine's bare
 
 Bare and served runs alternate (bare, then each concurrency level, `--repeats` times) so that both
 sides see the same machine load; the ratio is the median of the per-repeat ratios at 32 clients.
+Ray and the Serve app are started after each bare run and stopped after its served runs, so that the
+bare engine never shares the CPU with Ray's background processes.
 The 1-minute load average is recorded with each run. Prints a table and writes
 benchmarks/results/serve_load.json. Every request generates exactly --max-tokens tokens (ignore_eos),
 so served and bare runs do the same work.
@@ -125,27 +127,32 @@ def main() -> int:
 
     import ray
 
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
-    spec = ServeSpec.model_validate({"name": "bench", "port": free_port(), "models": [{
-        "model_id": "bench", "source": path, "engine": "transformers",
-        "engine_kwargs": {"num_threads": args.cpus, "max_batch_size": max(levels)},
-        "max_ongoing_requests": max(levels), "max_queued_requests": max(levels),
-        "cpus_per_replica": args.cpus, "stream_messages_per_s": args.stream_messages_per_s}]})
-    budget = spec.llm_configs()[0].stream_budget()
+    def make_spec():
+        return ServeSpec.model_validate({"name": "bench", "port": free_port(), "models": [{
+            "model_id": "bench", "source": path, "engine": "transformers",
+            "engine_kwargs": {"num_threads": args.cpus, "max_batch_size": max(levels)},
+            "max_ongoing_requests": max(levels), "max_queued_requests": max(levels),
+            "cpus_per_replica": args.cpus, "stream_messages_per_s": args.stream_messages_per_s}]})
+
+    budget = make_spec().llm_configs()[0].stream_budget()
     bare: list[dict] = []
     served: list[dict] = []
     try:
-        url = run_serve(spec)
-        asyncio.run(client_run(url, 1, 4))  # warm-up
         for rep in range(args.repeats):
+            # the bare run sees no Ray processes: Ray's own background work counts against serving only
             print(f"round {rep + 1}/{args.repeats}: bare engine, {ratio_n} prompts x {args.max_tokens} tokens ...",
                   flush=True)
             bare.append({"round": rep, **bare_engine.run(ratio_n, args.max_tokens)})
-            for c in levels:
-                print(f"round {rep + 1}/{args.repeats}: served, {c} concurrent streaming clients ...", flush=True)
-                served.append({"round": rep, **asyncio.run(client_run(url, c, args.max_tokens))})
+            ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+            try:
+                url = run_serve(make_spec())
+                asyncio.run(client_run(url, 1, 4))  # warm-up
+                for c in levels:
+                    print(f"round {rep + 1}/{args.repeats}: served, {c} concurrent streaming clients ...", flush=True)
+                    served.append({"round": rep, **asyncio.run(client_run(url, c, args.max_tokens))})
+            finally:
+                stop_serve()
     finally:
-        stop_serve()
         bare_engine.engine.stop()
     pairs = [round(s["tokens_per_s"] / b["tokens_per_s"], 3)
              for b in bare for s in served if s["round"] == b["round"] and s["concurrency"] == ratio_n]

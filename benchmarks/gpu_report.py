@@ -11,10 +11,12 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     for doc in docs:
         for leg in doc.get("legs", []):
             legs[leg["leg"]] = leg
-    rows = []
+    rows, diagnostics = [], []
     for leg in legs.values():
+        main = leg["mode"] in ("bare", "fleetllm") and not leg.get("tag")
         for res in leg.get("results", []):
-            rows.append({"engine": leg["engine"], "mode": leg["mode"], "shape": leg["shape"], **res})
+            (rows if main else diagnostics).append({"engine": leg["engine"], "mode": leg["mode"] + leg.get("tag", ""),
+                                                     "shape": leg["shape"], **res})
     pairs = []
     keys = sorted({(r["engine"], r["shape"], r["workload"]) for r in rows})
     for engine, shape, workload in keys:
@@ -28,10 +30,16 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "gpu_busy_bare": bare and bare.get("gpu_busy"), "gpu_busy_fleetllm": fleet and fleet.get("gpu_busy"),
             "rows": (fleet or bare)["rows"], "output_tokens": (fleet or bare)["output_tokens"],
         })
+    bare = {(r["engine"], r["shape"], r["workload"]): r for r in rows if r["mode"] == "bare"}
+    for d in diagnostics:  # variants measured in the same run, each against the bare leg
+        b = bare.get((d["engine"], d["shape"], d["workload"]))
+        d["vs_bare"] = round(d["output_tokens_per_s"] / b["output_tokens_per_s"], 3) if b else None
     machine = next((d["machine"] for d in docs if "machine" in d), {})
     missing = [{"leg": leg["leg"], "why": leg.get("skipped") or leg.get("failed", "")[-600:]}
                for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
-    return {"machine": machine, "pairs": pairs, "legs": list(legs.values()), "not_measured": missing}
+    return {"machine": machine, "pairs": pairs, "diagnostics": [
+        {k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs_bare", "gpu_busy")}
+        for d in diagnostics], "legs": list(legs.values()), "not_measured": missing}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -51,6 +59,10 @@ def table(doc: dict[str, Any]) -> str:
 
     console = Console(record=True, width=140, file=io.StringIO())
     console.print(t)
+    for d in doc.get("diagnostics", []):
+        ratio = "-" if d["vs_bare"] is None else f"{d['vs_bare']:.3f}"
+        console.print(f"diagnostic {d['engine']} {d['mode']} {d['shape']} {d['workload']}: "
+                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of bare, GPU busy {d['gpu_busy']}")
     for m in doc.get("not_measured", []):
         console.print(f"not measured: {m['leg']}: {m['why'][:300]}")
     return console.export_text()

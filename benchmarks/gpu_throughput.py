@@ -12,7 +12,9 @@ every leg, so a run cut short keeps what it measured.
     python benchmarks/gpu_throughput.py report results1.json [results2.json ...]   # table, JSON, PNG
 
 A leg is ENGINE:MODE:SHAPE:WORKLOADS, e.g. `vllm:bare:llama3-8b-shape:a1024,a4096,b2048` or
-`transformers:fleetllm:smollm2-135m-shape:a256`. See benchmarks/NOTES.md for the figures.
+`transformers:fleetllm:smollm2-135m-shape:a256`. MODE is bare, fleetllm, or (diagnostic, vllm only)
+async: vLLM's AsyncLLM fed the same token ids from one event loop without Ray. Legs run with `--tag`
+(other compute or engine settings) and async legs are reported as diagnostics beside the table. See benchmarks/NOTES.md for the figures.
 """
 
 from __future__ import annotations
@@ -101,6 +103,47 @@ def leg_bare_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: Gp
     return results
 
 
+def leg_async_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: GpuSampler) -> list[dict]:
+    """Diagnostic: vLLM's `AsyncLLM` (the engine fleetllm's replicas run, same usage context) fed the same
+    token ids from one event loop, no Ray: separates the async engine's own cost from the pipeline's."""
+    import asyncio
+
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    async def main() -> list[dict]:
+        t_start = time.time()
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **{"disable_log_stats": True, **engine_kwargs}),
+                                        usage_context=UsageContext.LLM_CLASS)
+        start_s = time.time() - t_start
+        tokenizer = llm.get_tokenizer()
+        results = []
+        for name in workloads:
+            rows = make_workload(tokenizer, name)
+            ids = prompt_ids(tokenizer, rows)
+            params = [SamplingParams(**r["sampling_params"], output_kind=RequestOutputKind.FINAL_ONLY) for r in rows]
+
+            async def one(i: int) -> int:
+                final = None
+                async for out in llm.generate({"prompt_token_ids": ids[i]}, params[i], f"{name}-{i}"):
+                    final = out
+                return len(final.outputs[0].token_ids)
+
+            t0 = time.time()
+            tokens = sum(await asyncio.gather(*(one(i) for i in range(len(rows)))))
+            t1 = time.time()
+            emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
+                            "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
+                            "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
+                            "engine_start_s": start_s})
+        llm.shutdown()
+        return results
+
+    return asyncio.run(main())
+
+
 def leg_bare_transformers(model: str, workloads: list[str], engine_kwargs: dict, batch_size: int,
                           gpu: GpuSampler) -> list[dict]:
     import torch
@@ -187,6 +230,8 @@ def run_leg(spec: dict) -> list[dict]:
         kwargs = spec["engine_kwargs"]
         if mode == "bare" and engine == "vllm":
             return leg_bare_vllm(spec["model"], spec["workloads"], kwargs, gpu)
+        if mode == "async" and engine == "vllm":
+            return leg_async_vllm(spec["model"], spec["workloads"], kwargs, gpu)
         if mode == "bare":
             return leg_bare_transformers(spec["model"], spec["workloads"], kwargs, spec["batch_size"], gpu)
         with tempfile.TemporaryDirectory() as tmp:
@@ -225,7 +270,7 @@ def run(args) -> None:
                 "engine_kwargs": engine_kwargs_for(engine, on_gpu, json.loads(args.engine_kwargs)),
                 "batch_size": batch, "compute": json.loads(args.compute)}
         left = deadline - time.time()
-        entry = {"leg": leg + args.tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
+        entry = {"leg": leg + args.tag, "tag": args.tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
                  "engine_kwargs": spec["engine_kwargs"]}
         if left < 30:
             entry["skipped"] = f"budget spent ({args.budget_s:g}s)"

@@ -35,11 +35,21 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         b = bare.get((d["engine"], d["shape"], d["workload"]))
         d["vs_bare"] = round(d["output_tokens_per_s"] / b["output_tokens_per_s"], 3) if b else None
     machine = next((d["machine"] for d in docs if "machine" in d), {})
-    missing = [{"leg": leg["leg"], "why": leg.get("skipped") or leg.get("failed", "")[-600:]}
+    missing = [{"leg": leg["leg"], "why": why_missing(leg)}
                for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
     return {"machine": machine, "pairs": pairs, "diagnostics": [
         {k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs_bare", "gpu_busy")}
         for d in diagnostics], "legs": list(legs.values()), "not_measured": missing}
+
+
+def why_missing(leg: dict[str, Any]) -> str:
+    failed = leg.get("failed", "")
+    if leg.get("skipped"):
+        return leg["skipped"]
+    if failed.rstrip().endswith("timed out"):
+        done = [r["workload"] for r in leg.get("results", [])]
+        return f"timed out (the call's time budget) after {', '.join(done) if done else 'no workload'}"
+    return failed[-600:]
 
 
 def table(doc: dict[str, Any]) -> str:

@@ -60,6 +60,14 @@ class EnginePool:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
 
+    def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
+        """Arguments of the preprocess tokenization stage for this pool's engine, or None
+        (fleetllm.batch.tokenize_stage)."""
+        from fleetllm.batch.tokenize_stage import tokenize_stage_kwargs
+
+        return tokenize_stage_kwargs(self.engine, self.model_path, self.engine_kwargs, self.chat_template_kwargs,
+                                     batch_size)
+
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from fleetllm.batch.engine_pool import EnginePool
 
 Row = dict[str, Any]
+TOKENIZE_BATCH_ROWS = 1024  # rows per tokenization task (the dataset's blocks may be any size)
 
 
 class _ProcessorConfig(BaseModel):
@@ -97,11 +98,16 @@ class Processor:
 
     def __call__(self, ds):
         from fleetllm.batch.stages import EngineStage
+        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
         if self.preprocess is not None:
             pre = self.preprocess
             ds = ds.map(lambda row: {**row, **pre(row)})
-        ds = ds.map_batches(EngineStage, **self.pool().map_batches_kwargs())
+        pool = self.pool()
+        tokenize = pool.tokenize_stage_kwargs(batch_size=TOKENIZE_BATCH_ROWS)
+        if tokenize is not None:  # vLLM: prompts rendered and tokenized in tasks beside the replicas
+            ds = ds.map_batches(add_prompt_token_ids, **tokenize)
+        ds = ds.map_batches(EngineStage, **pool.map_batches_kwargs())
         post = self.postprocess
         return ds.map(lambda row: _drop_internal(post(row) if post else row))
 

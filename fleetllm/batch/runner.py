@@ -27,6 +27,7 @@ from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_
 from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
+from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import InputError
 from fleetllm.sizing import ReplicaPlan
@@ -222,9 +223,13 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
+    pool = engine_pool(plan)
+    tokenize = pool.tokenize_stage_kwargs()
+    if tokenize is not None:  # vLLM: chat template + tokenization here, off the replicas' critical path
+        ds = ds.map_batches(add_prompt_token_ids, **tokenize)
     # Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return ds.map_batches(EngineStage, **engine_pool(plan).map_batches_kwargs())
+    return ds.map_batches(EngineStage, **pool.map_batches_kwargs())
 
 
 class ShardAssembler:

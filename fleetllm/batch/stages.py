@@ -17,7 +17,7 @@ from fleetllm.errors import FleetError
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
-                    "sampling_params")
+                    "sampling_params", "_prompt_token_ids")
 
 
 class TemplatePreprocessor:
@@ -95,7 +95,7 @@ def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] |
     prompt = row.get("prompt") if messages is None else None
     return GenerationRequest(messages=messages, prompt=prompt, sampling=dict(sampling),
                              chat_template_kwargs=dict(chat_template_kwargs or {}),
-                             request_id=str(row.get("row_id", "")))
+                             request_id=str(row.get("row_id", "")), prompt_token_ids=row.get("_prompt_token_ids"))
 
 
 def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], list[GenerationResult]],
@@ -201,6 +201,7 @@ class EngineStage:
                             "finish_reason": None, "attempts": 0})
                 if n_max > 1:
                     row["completions"] = []
+            row.pop("_prompt_token_ids", None)  # used; not carried back through Ray
             row["_node"] = self.node_id
             row["_ready"] = self.ready_at
             row["_started"] = started

@@ -26,6 +26,9 @@ class GenerationRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""
+    # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.tokenize_stage); engines
+    # that take token ids (`Engine.takes_token_ids`) use it instead of building the prompt again.
+    prompt_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:
@@ -95,6 +98,10 @@ class Engine(abc.ABC):
     # batch stage then never re-runs its rows (compute.max_retries does not apply), so the two
     # retry budgets cannot multiply.
     retries_requests: bool = False
+    # True when the engine takes prompts as token ids built by the tokenizer of the model folder
+    # (vLLM): the batch pipeline then renders and tokenizes rows in its preprocess tasks, off the
+    # replica's critical path.
+    takes_token_ids: bool = False
 
     def __init__(
         self,

@@ -68,6 +68,7 @@ class VLLMEngine(Engine):
 
     name = "vllm"
     concurrent_batches = True
+    takes_token_ids = True
     usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference (used by serving too)
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
@@ -182,7 +183,10 @@ class VLLMEngine(Engine):
     # --- requests -----------------------------------------------------------------------------
 
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
-        """The token ids vLLM gets for a request (chat template applied to `messages`)."""
+        """The token ids vLLM gets for a request (chat template applied to `messages`); the batch pipeline
+        builds them ahead in its preprocess tasks (`request.prompt_token_ids`, same tokenizer files)."""
+        if request.prompt_token_ids is not None:
+            return [int(t) for t in request.prompt_token_ids]
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 

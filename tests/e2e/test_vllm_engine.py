@@ -89,6 +89,17 @@ def test_chat_template_kwargs_reach_the_template(engine):
     assert engine.tokenizer.decode(engine.prompt_token_ids(request)) == "[ZEBRA]hi"
 
 
+def test_token_ids_built_ahead_are_what_vllm_gets(engine):
+    # The batch pipeline tokenizes in its preprocess tasks; the replica must use those ids, not the
+    # messages: ids of the France question under a request whose messages ask something else.
+    france = engine.prompt_token_ids(chat("What is the capital of France?"))
+    ahead = GenerationRequest(messages=[{"role": "user", "content": "Name a colour."}],
+                              sampling={"max_tokens": 24}, prompt_token_ids=france)
+    result = engine.generate([ahead])[0]
+    assert result.error is None and "Paris" in result.text
+    assert result.num_input_tokens == len(france)
+
+
 def test_stream_joins_to_the_full_text(engine):
     request = chat("What is the capital of France?", max_tokens=24)
     full = engine.generate([request])[0]

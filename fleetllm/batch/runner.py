@@ -67,6 +67,17 @@ class JobPlan:
     def skipped_rows(self) -> int:
         return sum(self.committed[s].rows for s in self.committed)
 
+    @property
+    def prompt_stage(self) -> str:
+        """Where rows are templated and tokenized (fleetllm.batch.tokenize_stage)."""
+        from fleetllm.batch.tokenize_stage import tokenize_stage_kwargs
+
+        if tokenize_stage_kwargs(self.engine, self.model.path, self.engine_kwargs, {}) is not None:
+            return "chat template + tokenization in preprocess tasks; replicas get token ids"
+        if self.engine == "openai":
+            return "messages sent as they are; the endpoint applies its chat template"
+        return "chat template + tokenization in the replicas"
+
     def describe(self) -> list[str]:
         s = self.spec
         return [
@@ -76,6 +87,7 @@ class JobPlan:
             f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
             f"rows in flight per replica (sized for {self.sized_for})",
             *(f"           {line}" for line in self.replica_plan.description[1:]),
+            f"prompts    {self.prompt_stage}",
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",

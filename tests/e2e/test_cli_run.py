@@ -1,5 +1,6 @@
 """`fleetllm run` as a subprocess: the embedded model, dry runs, and SIGKILL + resume."""
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -57,6 +58,11 @@ def test_dry_run_prints_the_plan_and_loads_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "7 rows in 1 shard(s)" in proc.stdout and "engine     transformers" in proc.stdout
     assert not (tmp_path / "out").exists()
+    assert "prompts    chat template + tokenization in the replicas" in proc.stdout
+    if importlib.util.find_spec("vllm") is not None:  # vllm: the preprocess tasks tokenize
+        proc = fleetllm("run", str(write_job(tmp_path, model={"engine": "vllm"})), "--dry-run", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "prompts    chat template + tokenization in preprocess tasks" in proc.stdout
 
 
 def test_bad_spec_gives_a_clear_error_and_exit_2(tmp_path):

@@ -99,3 +99,4 @@ def test_example_query_yaml_plans(tmp_path):
     proc = fleetllm("query", "examples/query.yaml", "--dry-run", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "engine     openai" in proc.stdout and "8 rows in 1 shard(s)" in proc.stdout
+    assert "prompts    messages sent as they are; the endpoint applies its chat template" in proc.stdout

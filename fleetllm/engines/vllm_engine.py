@@ -17,6 +17,7 @@ engines see identical prompts.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import uuid
@@ -77,6 +78,10 @@ class VLLMEngine(Engine):
         self._llm: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # vLLM request ids: unique within the engine (a counter, cheaper than a uuid per row), and a
+        # per-engine prefix so logs of several replicas tell them apart.
+        self._id_prefix = uuid.uuid4().hex[:8]
+        self._id_counter = itertools.count()
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -185,8 +190,9 @@ class VLLMEngine(Engine):
     def prompt_token_ids(self, request: GenerationRequest) -> list[int]:
         """The token ids vLLM gets for a request (chat template applied to `messages`); the batch pipeline
         builds them ahead in its preprocess tasks (`request.prompt_token_ids`, same tokenizer files)."""
-        if request.prompt_token_ids is not None:
-            return [int(t) for t in request.prompt_token_ids]
+        if request.prompt_token_ids is not None:  # vLLM needs Python ints (Arrow's to_pylist gives them)
+            ids = request.prompt_token_ids
+            return ids if isinstance(ids, list) else list(map(int, ids))
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
@@ -225,7 +231,7 @@ class VLLMEngine(Engine):
         return ids, self.sampling_params(request.sampling, len(ids), delta)
 
     def _request_id(self, request: GenerationRequest) -> str:
-        return f"{request.request_id or 'row'}-{uuid.uuid4().hex[:12]}"
+        return f"{request.request_id or 'row'}-{self._id_prefix}-{next(self._id_counter)}"
 
     async def _generate_one(self, ids: list[int], params: Any, request_id: str) -> GenerationResult:
         final = None

@@ -11,6 +11,9 @@ both place replicas the same way:
   stays full while a finished call travels back and the next one arrives. A replica that drains one
   synchronous batch before it may start the next starves vLLM: ../shared/gpu/README.md measured 0.40
   of bare vLLM that way with batches of 64.
+- engines that take token ids (`Engine.takes_token_ids`: vLLM) get a stage before the replicas that
+  renders the chat template and tokenizes (fleetllm.batch.tokenize_stage), so a replica submits a
+  whole call at once;
 - in `fleetllm run` such an engine is handed a whole shard per call (unless compute.batch_size is
   set): Ray Data runs the batches of one block one after another, so smaller calls would cap a
   replica at batch_size x calls in flight.
@@ -67,6 +70,17 @@ class EnginePool:
 
         return tokenize_stage_kwargs(self.engine, self.model_path, self.engine_kwargs, self.chat_template_kwargs,
                                      batch_size)
+
+    def apply(self, ds, tokenize_batch_size: int | None = None):
+        """ds -> (the tokenize stage, for engines that take token ids) -> the replicas. tokenize_batch_size:
+        rows per tokenize task (None: a whole block)."""
+        from fleetllm.batch.stages import EngineStage
+        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+
+        tokenize = self.tokenize_stage_kwargs(tokenize_batch_size)
+        if tokenize is not None:
+            ds = ds.map_batches(add_prompt_token_ids, **tokenize)
+        return ds.map_batches(EngineStage, **self.map_batches_kwargs())
 
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray

@@ -97,17 +97,10 @@ class Processor:
                           chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries)
 
     def __call__(self, ds):
-        from fleetllm.batch.stages import EngineStage
-        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
-
         if self.preprocess is not None:
             pre = self.preprocess
             ds = ds.map(lambda row: {**row, **pre(row)})
-        pool = self.pool()
-        tokenize = pool.tokenize_stage_kwargs(batch_size=TOKENIZE_BATCH_ROWS)
-        if tokenize is not None:  # vLLM: prompts rendered and tokenized in tasks beside the replicas
-            ds = ds.map_batches(add_prompt_token_ids, **tokenize)
-        ds = ds.map_batches(EngineStage, **pool.map_batches_kwargs())
+        ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
         post = self.postprocess
         return ds.map(lambda row: _drop_internal(post(row) if post else row))
 

@@ -1,7 +1,8 @@
 """`fleetllm run`: plan, stream the shards through engine replicas on Ray Data, commit, report.
 
     plan (files -> shards) -> skip committed shards -> Ray Data:
-        from_items(shards) -> flat_map(read shard) -> map(preprocess) -> map_batches(EngineStage, replicas)
+        from_items(shards) -> flat_map(read shard) -> map(preprocess)
+        -> [vllm: map_batches(add_prompt_token_ids)] -> map_batches(EngineStage, replicas)
     -> the driver iterates the stream, groups rows by shard, commits each complete shard atomically.
 
 The driver never holds more than the shards in flight; the manifest makes the job resumable.
@@ -26,8 +27,7 @@ from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_
 from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
 from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.progress import JobProgress
-from fleetllm.batch.stages import INTERNAL_COLUMNS, EngineStage, TemplatePreprocessor
-from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+from fleetllm.batch.stages import INTERNAL_COLUMNS, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import InputError
 from fleetllm.sizing import ReplicaPlan
@@ -70,9 +70,7 @@ class JobPlan:
     @property
     def prompt_stage(self) -> str:
         """Where rows are templated and tokenized (fleetllm.batch.tokenize_stage)."""
-        from fleetllm.batch.tokenize_stage import tokenize_stage_kwargs
-
-        if tokenize_stage_kwargs(self.engine, self.model.path, self.engine_kwargs, {}) is not None:
+        if engine_pool(self).tokenize_stage_kwargs() is not None:
             return "chat template + tokenization in preprocess tasks; replicas get token ids"
         if self.engine == "openai":
             return "messages sent as they are; the endpoint applies its chat template"
@@ -235,13 +233,10 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
-    pool = engine_pool(plan)
-    tokenize = pool.tokenize_stage_kwargs()
-    if tokenize is not None:  # vLLM: chat template + tokenization here, off the replicas' critical path
-        ds = ds.map_batches(add_prompt_token_ids, **tokenize)
-    # Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
+    # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
+    # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return ds.map_batches(EngineStage, **pool.map_batches_kwargs())
+    return engine_pool(plan).apply(ds)
 
 
 class ShardAssembler:

@@ -29,17 +29,35 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
             "ratio": round(fleet["output_tokens_per_s"] / bare["output_tokens_per_s"], 3) if bare and fleet else None,
             "gpu_busy_bare": bare and bare.get("gpu_busy"), "gpu_busy_fleetllm": fleet and fleet.get("gpu_busy"),
             "rows": (fleet or bare)["rows"], "output_tokens": (fleet or bare)["output_tokens"],
+            "gpu_idle_head_tail_s": {m: idle for m, r in (("bare", bare), ("fleetllm", fleet))
+                                     if r and (idle := idle_head_tail(r))} or None,
         })
-    bare = {(r["engine"], r["shape"], r["workload"]): r for r in rows if r["mode"] == "bare"}
-    for d in diagnostics:  # variants measured in the same run, each against the bare leg
-        b = bare.get((d["engine"], d["shape"], d["workload"]))
+    bare = {(r["mode"], r["engine"], r["shape"], r["workload"]): r for r in rows + diagnostics
+            if r["mode"].startswith("bare")}
+    for d in diagnostics:  # variants measured in the same run: against the bare leg of the same tag (a
+        # repeated pair), else the table's bare leg (a bare repeat against it shows the run-to-run spread)
+        tag = d["mode"].split("-", 1)[1] if "-" in d["mode"] else ""
+        key = (d["engine"], d["shape"], d["workload"])
+        ref = f"bare-{tag}" if not d["mode"].startswith("bare") and ("bare-" + tag, *key) in bare else "bare"
+        b = bare.get((ref, *key))
+        d["vs"] = ref
         d["vs_bare"] = round(d["output_tokens_per_s"] / b["output_tokens_per_s"], 3) if b else None
     machine = next((d["machine"] for d in docs if "machine" in d), {})
     missing = [{"leg": leg["leg"], "why": why_missing(leg)}
                for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
     return {"machine": machine, "pairs": pairs, "diagnostics": [
-        {k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs_bare", "gpu_busy")}
+        {k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs", "vs_bare", "gpu_busy")}
         for d in diagnostics], "legs": list(legs.values()), "not_measured": missing}
+
+
+def idle_head_tail(result: dict[str, Any], busy: float = 0.5) -> list[float] | None:
+    """Seconds of the measured window before the GPU first reached `busy` utilization, and after it last
+    did (from the 200 ms nvidia-smi trace): the start-up and wind-down a pipeline adds around the engine."""
+    trace = result.get("gpu_trace") or []
+    hot = [t for t, u in trace if u >= busy]
+    if not hot:
+        return None
+    return [round(hot[0], 2), round(result["seconds"] - hot[-1], 2)]
 
 
 def why_missing(leg: dict[str, Any]) -> str:
@@ -69,10 +87,15 @@ def table(doc: dict[str, Any]) -> str:
 
     console = Console(record=True, width=140, file=io.StringIO())
     console.print(t)
+    for p in doc["pairs"]:
+        if p.get("gpu_idle_head_tail_s"):
+            idle = ", ".join(f"{m} {h:.2f} s / {t:.2f} s" for m, (h, t) in p["gpu_idle_head_tail_s"].items())
+            console.print(f"GPU idle before the first / after the last busy sample, {p['engine']} {p['shape']} "
+                          f"{p['workload']}: {idle}")
     for d in doc.get("diagnostics", []):
         ratio = "-" if d["vs_bare"] is None else f"{d['vs_bare']:.3f}"
         console.print(f"diagnostic {d['engine']} {d['mode']} {d['shape']} {d['workload']}: "
-                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of bare, GPU busy {d['gpu_busy']}")
+                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of {d.get('vs', 'bare')}, GPU busy {d['gpu_busy']}")
     for m in doc.get("not_measured", []):
         console.print(f"not measured: {m['leg']}: {m['why'][:300]}")
     return console.export_text()

@@ -66,6 +66,12 @@ class GpuSampler:
         window = [u for t, u in self.samples if t0 <= t <= t1]
         return round(sum(window) / len(window) / 100, 3) if window else None
 
+    def trace(self, t0: float, t1: float) -> list[list[float]] | None:
+        """[seconds since t0, utilization 0-1] for each sample in the window: shows whether idle time lies
+        at the start (first requests), in the middle (steps) or at the end (the last results)."""
+        window = [[round(t - t0, 2), u / 100] for t, u in self.samples if t0 <= t <= t1]
+        return window or None
+
     def close(self) -> None:
         if self.proc:
             self.proc.terminate()
@@ -99,7 +105,8 @@ def leg_bare_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: Gp
         emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
                         "input_tokens": sum(len(p["prompt_token_ids"]) for p in prompts),
                         "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0),
-                        "gpu_busy": gpu.busy(t0, t1), "engine_start_s": start_s})
+                        "gpu_busy": gpu.busy(t0, t1), "gpu_trace": gpu.trace(t0, t1),
+                        "engine_start_s": start_s})
     return results
 
 
@@ -137,6 +144,7 @@ def leg_async_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: G
             emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
                             "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
                             "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
+                            "gpu_trace": gpu.trace(t0, t1),
                             "engine_start_s": start_s})
         llm.shutdown()
         return results
@@ -180,6 +188,7 @@ def leg_bare_transformers(model: str, workloads: list[str], engine_kwargs: dict,
         emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
                         "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
                         "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
+                        "gpu_trace": gpu.trace(t0, t1),
                         "engine_start_s": start_s})
     return results
 
@@ -215,7 +224,8 @@ def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: d
         emit(results, {"workload": name, "rows": report["rows"], "output_tokens": report["output_tokens_computed"],
                         "input_tokens": report["input_tokens"], "seconds": gen,
                         "output_tokens_per_s": report["output_tokens_per_s_after_engine_start"],
-                        "gpu_busy": gpu.busy(t1 - gen, t1), "end_to_end_s": t1 - t0,
+                        "gpu_busy": gpu.busy(t1 - gen, t1), "gpu_trace": gpu.trace(t1 - gen, t1),
+                        "end_to_end_s": t1 - t0,
                         "engine_start_s": round(t1 - t0 - gen, 1),
                         **{k: report.get(k) for k in ("batches_in_flight_per_replica", "rows_per_engine_call",
                                                       "first_batch_after_ready_s", "commit_after_last_batch_s",

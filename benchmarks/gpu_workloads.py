@@ -39,12 +39,17 @@ WORDS = ("time year people way day man thing woman life child world school state
 
 
 def make_models(tokenizer_dir: str | Path, dest: str | Path) -> dict[str, str]:
-    """Write `llama3-8b-shape` and `smollm2-135m-shape` folders under dest; returns {shape: folder}."""
+    """Write `llama3-8b-shape`, `smollm2-135m-shape` and `tiny-shape` folders under dest; returns {shape: folder}."""
     tokenizer_dir, dest = Path(tokenizer_dir), Path(dest)
     small = json.loads((tokenizer_dir / "config.json").read_text())
     shapes = {"llama3-8b-shape": {**LLAMA3_8B_SHAPE, "vocab_size": small["vocab_size"],
                                   "bos_token_id": small.get("bos_token_id"), "eos_token_id": small.get("eos_token_id")},
               "smollm2-135m-shape": {k: v for k, v in small.items() if k != "quantization_config"}}
+    # 2 layers, hidden 64: compute is negligible, so a run measures the engine's and the pipeline's own
+    # per-step and per-job costs (CPU diagnostics; not part of the GPU table)
+    shapes["tiny-shape"] = {**shapes["smollm2-135m-shape"], "hidden_size": 64, "intermediate_size": 128,
+                            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "head_dim": 32}
     folders = {}
     for name, config in shapes.items():
         folder = dest / name

@@ -46,7 +46,7 @@ def main() -> None:
 
     from fleetllm.batch.stages import request_from_row
     from fleetllm.batch.tokenize_stage import add_prompt_token_ids, load_tokenizer, tokenizer_source
-    from fleetllm.engines.base import create_engine
+    from fleetllm.engines.base import GenerationResult, create_engine
     from fleetllm.testing.tiny_model import make_tiny_model
     from gpu_workloads import make_workload
 
@@ -70,7 +70,11 @@ def main() -> None:
                     measured["preprocess stage (beside)"].append(time.perf_counter() - t0)
                 requests = [request_from_row(r) for r in table.to_pylist()]
                 t0 = time.perf_counter()
-                started = engine._start(requests)  # returns once every request is in vLLM
+                started = engine._start(requests)  # returns once each request is handed to the engine loop
+                # ... and until vLLM has every request (held now, or already finished)
+                while engine.num_unfinished_requests() + sum(not isinstance(x, GenerationResult) and x.done()
+                                                             for x in started) < len(requests):
+                    time.sleep(0.001)
                 measured[way].append(time.perf_counter() - t0)
                 results = [s.result() for s in started]
                 assert all(r.error is None and r.num_generated_tokens == args.max_tokens for r in results)

@@ -254,7 +254,7 @@ class VLLMEngine(Engine):
         return GenerationResult(completions=completions, num_input_tokens=len(ids))
 
     def _start(self, requests: list[GenerationRequest]) -> list[Any]:
-        """Hand each request to vLLM as soon as its prompt is tokenized (so the engine starts on the first
+        """Hand each request to vLLM as soon as its prompt is ready (so the engine starts on the first
         rows of a large batch, a whole shard, while the rest are prepared): a Future per request, or
         the row's failed result when it cannot be served (prompt too long, bad sampling option)."""
         if self._llm is None:
@@ -274,9 +274,12 @@ class VLLMEngine(Engine):
         return [s if isinstance(s, GenerationResult) else s.result() for s in self._start(requests)]
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """`generate` for callers on an event loop (does not block it)."""
-        return [s if isinstance(s, GenerationResult) else await asyncio.wrap_future(s)
-                for s in self._start(requests)]
+        """`generate` for callers on an event loop (does not block it); cancelling the caller aborts every
+        request of the batch in vLLM."""
+        started = self._start(requests)
+        waiting = [asyncio.wrap_future(s) for s in started if not isinstance(s, GenerationResult)]
+        done = iter(await asyncio.gather(*waiting))
+        return [s if isinstance(s, GenerationResult) else next(done) for s in started]
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         """Stream one request; closing the generator (or cancelling its task) aborts it in vLLM.

@@ -161,6 +161,45 @@ def test_cancelling_the_consumer_task_aborts_the_request_in_vllm(engine):
     assert engine.num_unfinished_requests() == 0
 
 
+def test_a_large_batch_keeps_each_result_in_its_row(engine):
+    # prompts of distinct lengths (token ids built ahead win over the text), every 50th one too long
+    n = 133
+    lengths = [MAX_MODEL_LEN + 10 if i % 50 == 7 else 1 + i % 200 for i in range(n)]
+    requests = [GenerationRequest(prompt="ids given", prompt_token_ids=[1] * k,
+                                  sampling={"max_tokens": 1, "ignore_eos": True}) for k in lengths]
+    results = engine.generate(requests)
+    assert len(results) == n
+    for i, (req, res) in enumerate(zip(requests, results)):
+        if i % 50 == 7:
+            assert res.error and "max_model_len" in res.error
+        else:
+            assert res.error is None and res.num_input_tokens == len(req.prompt_token_ids)
+            assert res.num_generated_tokens == 1
+
+
+def test_cancelling_a_batch_call_aborts_its_requests_in_vllm(engine):
+    requests = [chat(f"Tell a long story about {w}.", max_tokens=300, ignore_eos=True) for w in ("cats", "ships")]
+
+    async def start_then_cancel():
+        task = asyncio.create_task(engine.agenerate(requests))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if engine.num_unfinished_requests() == 2:
+                break
+        busy = engine.num_unfinished_requests()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if engine.num_unfinished_requests() == 0:
+                break
+            await asyncio.sleep(0.05)
+        return busy
+
+    assert asyncio.run(start_then_cancel()) == 2
+    assert engine.num_unfinished_requests() == 0
+
+
 def test_stream_refuses_a_prompt_past_max_model_len(engine):
     from fleetllm.errors import RowError
 

@@ -80,6 +80,14 @@ class GpuSampler:
 # --- legs (each in its own process) -------------------------------------------------------------
 
 
+def bare_result(name: str, rows: int, tokens: int, input_tokens: int, t0: float, t1: float, gpu: GpuSampler,
+                start_s: float) -> dict:
+    """One workload's figures for a leg timed around the engine call itself (bare and async legs)."""
+    return {"workload": name, "rows": rows, "output_tokens": tokens, "input_tokens": input_tokens,
+            "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
+            "gpu_trace": gpu.trace(t0, t1), "engine_start_s": start_s}
+
+
 def emit(results: list[dict], result: dict) -> None:
     """Keep and print a workload's result at once: a leg cut short still reports what it measured."""
     results.append(result)
@@ -102,11 +110,8 @@ def leg_bare_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: Gp
         outs = llm.generate(prompts, params, use_tqdm=False)
         t1 = time.time()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
-                        "input_tokens": sum(len(p["prompt_token_ids"]) for p in prompts),
-                        "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0),
-                        "gpu_busy": gpu.busy(t0, t1), "gpu_trace": gpu.trace(t0, t1),
-                        "engine_start_s": start_s})
+        input_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+        emit(results, bare_result(name, len(rows), tokens, input_tokens, t0, t1, gpu, start_s))
     return results
 
 
@@ -141,11 +146,7 @@ def leg_async_vllm(model: str, workloads: list[str], engine_kwargs: dict, gpu: G
             t0 = time.time()
             tokens = sum(await asyncio.gather(*(one(i) for i in range(len(rows)))))
             t1 = time.time()
-            emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
-                            "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
-                            "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
-                            "gpu_trace": gpu.trace(t0, t1),
-                            "engine_start_s": start_s})
+            emit(results, bare_result(name, len(rows), tokens, sum(map(len, ids)), t0, t1, gpu, start_s))
         llm.shutdown()
         return results
 
@@ -185,11 +186,7 @@ def leg_bare_transformers(model: str, workloads: list[str], engine_kwargs: dict,
                 tokenizer.decode(seq[:lim], skip_special_tokens=True)
                 tokens += min(len(seq), lim)
         t1 = time.time()
-        emit(results, {"workload": name, "rows": len(rows), "output_tokens": tokens,
-                        "input_tokens": sum(len(x) for x in ids), "seconds": t1 - t0,
-                        "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
-                        "gpu_trace": gpu.trace(t0, t1),
-                        "engine_start_s": start_s})
+        emit(results, bare_result(name, len(rows), tokens, sum(map(len, ids)), t0, t1, gpu, start_s))
     return results
 
 

@@ -115,6 +115,28 @@ def test_stream_joins_to_the_full_text(engine):
     assert all(d.finish_reason is None for d in deltas[:-1])
 
 
+async def until_unfinished(engine, count: int, tries: int) -> None:
+    """Wait (0.05 s steps) until vLLM holds `count` unfinished requests: aborts travel to the engine
+    loop and on to the engine core."""
+    for _ in range(tries):
+        if engine.num_unfinished_requests() == count:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def cancel_when_busy(engine, coro, busy: int) -> int:
+    """Run coro as a task until vLLM holds `busy` requests, cancel it, wait for the aborts; returns the
+    requests vLLM held just before the cancel."""
+    task = asyncio.create_task(coro)
+    await until_unfinished(engine, busy, 200)
+    held = engine.num_unfinished_requests()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await until_unfinished(engine, 0, 100)
+    return held
+
+
 def test_closing_a_stream_aborts_the_request_in_vllm(engine):
     request = chat("Tell a long story.", max_tokens=300, ignore_eos=True)
 
@@ -123,10 +145,7 @@ def test_closing_a_stream_aborts_the_request_in_vllm(engine):
         got = [await stream.__anext__(), await stream.__anext__()]
         busy = engine.num_unfinished_requests()
         await stream.aclose()
-        for _ in range(100):  # the abort travels to the engine loop and on to the engine core
-            if engine.num_unfinished_requests() == 0:
-                break
-            await asyncio.sleep(0.05)
+        await until_unfinished(engine, 0, 100)
         return got, busy
 
     got, busy = asyncio.run(take_two_then_close())
@@ -141,23 +160,7 @@ def test_cancelling_the_consumer_task_aborts_the_request_in_vllm(engine):
         async for _ in engine.generate_stream(request):
             pass
 
-    async def start_then_cancel():
-        task = asyncio.create_task(consume())
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if engine.num_unfinished_requests() == 1:
-                break
-        busy = engine.num_unfinished_requests()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(100):
-            if engine.num_unfinished_requests() == 0:
-                break
-            await asyncio.sleep(0.05)
-        return busy
-
-    assert asyncio.run(start_then_cancel()) == 1
+    assert asyncio.run(cancel_when_busy(engine, consume(), 1)) == 1
     assert engine.num_unfinished_requests() == 0
 
 
@@ -179,24 +182,7 @@ def test_a_large_batch_keeps_each_result_in_its_row(engine):
 
 def test_cancelling_a_batch_call_aborts_its_requests_in_vllm(engine):
     requests = [chat(f"Tell a long story about {w}.", max_tokens=300, ignore_eos=True) for w in ("cats", "ships")]
-
-    async def start_then_cancel():
-        task = asyncio.create_task(engine.agenerate(requests))
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if engine.num_unfinished_requests() == 2:
-                break
-        busy = engine.num_unfinished_requests()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(100):
-            if engine.num_unfinished_requests() == 0:
-                break
-            await asyncio.sleep(0.05)
-        return busy
-
-    assert asyncio.run(start_then_cancel()) == 2
+    assert asyncio.run(cancel_when_busy(engine, engine.agenerate(requests), 2)) == 2
     assert engine.num_unfinished_requests() == 0
 
 

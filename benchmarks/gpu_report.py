@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,20 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
         b = bare.get((ref, *key))
         d["vs"] = ref
         d["vs_bare"] = round(d["output_tokens_per_s"] / b["output_tokens_per_s"], 3) if b else None
+    repeats: dict[tuple, list[float]] = {}
+    for d in diagnostics:  # pairs repeated under their own tags (p1, p2, ...): the spread between pairs
+        if d["vs"] != "bare" and d["vs_bare"] is not None:
+            repeats.setdefault((d["engine"], d["mode"].split("-", 1)[0], d["shape"], d["workload"]), []).append(d["vs_bare"])
     machine = next((d["machine"] for d in docs if "machine" in d), {})
     missing = [{"leg": leg["leg"], "why": why_missing(leg)}
                for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
     return {"machine": machine, "pairs": pairs, "diagnostics": [
-        {k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs", "vs_bare", "gpu_busy")}
-        for d in diagnostics], "legs": list(legs.values()), "not_measured": missing}
+        {**{k: d.get(k) for k in ("engine", "mode", "shape", "workload", "output_tokens_per_s", "vs", "vs_bare",
+                                  "gpu_busy", "cpu_cores_busy", "cpu_cores_stolen")},
+         "gpu_idle_head_tail_s": idle_head_tail(d)} for d in diagnostics],
+            "repeated_pairs": [{"engine": e, "mode": m, "shape": s, "workload": w, "ratios": r,
+                                "median": round(statistics.median(r), 3)} for (e, m, s, w), r in repeats.items()],
+            "legs": list(legs.values()), "not_measured": missing}
 
 
 def idle_head_tail(result: dict[str, Any], busy: float = 0.5) -> list[float] | None:
@@ -94,8 +103,15 @@ def table(doc: dict[str, Any]) -> str:
                           f"{p['workload']}: {idle}")
     for d in doc.get("diagnostics", []):
         ratio = "-" if d["vs_bare"] is None else f"{d['vs_bare']:.3f}"
+        idle = d.get("gpu_idle_head_tail_s")
         console.print(f"diagnostic {d['engine']} {d['mode']} {d['shape']} {d['workload']}: "
-                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of {d.get('vs', 'bare')}, GPU busy {d['gpu_busy']}")
+                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of {d.get('vs', 'bare')}, GPU busy {d['gpu_busy']}"
+                      + (f", GPU idle head/tail {idle[0]:.2f}/{idle[1]:.2f} s" if idle else "")
+                      + (f", CPU cores busy {d['cpu_cores_busy']} (stolen {d['cpu_cores_stolen']})"
+                         if d.get("cpu_cores_busy") is not None else ""))
+    for r in doc.get("repeated_pairs", []):
+        console.print(f"repeated pairs {r['engine']} {r['mode']} {r['shape']} {r['workload']}: "
+                      f"{', '.join(f'{x:.3f}' for x in r['ratios'])} of bare -> median {r['median']:.3f}")
     for m in doc.get("not_measured", []):
         console.print(f"not measured: {m['leg']}: {m['why'][:300]}")
     return console.export_text()

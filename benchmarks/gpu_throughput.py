@@ -11,8 +11,9 @@ every leg, so a run cut short keeps what it measured.
     python benchmarks/gpu_throughput.py run --tokenizer-dir DIR --legs LEGS --out results.json [--budget-s 560]
     python benchmarks/gpu_throughput.py report results1.json [results2.json ...]   # table, JSON, PNG
 
-A leg is ENGINE:MODE:SHAPE:WORKLOADS, e.g. `vllm:bare:llama3-8b-shape:a1024,a4096,b2048` or
-`transformers:fleetllm:smollm2-135m-shape:a256`. MODE is bare, fleetllm, or (diagnostic, vllm only)
+A leg is ENGINE:MODE:SHAPE:WORKLOADS[:TAG], e.g. `vllm:bare:llama3-8b-shape:a1024,a4096,b2048` or
+`transformers:fleetllm:smollm2-135m-shape:a256`; legs tagged p1, p2, ... (`vllm:bare:...:a1024:p1`) are
+repeated pairs, each compared with the bare leg of its own tag, summarised by their median. MODE is bare, fleetllm, or (diagnostic, vllm only)
 async: vLLM's AsyncLLM fed the same token ids from one event loop without Ray. Legs run with `--tag`
 (other compute or engine settings) and async legs are reported as diagnostics beside the table. See benchmarks/NOTES.md for the figures.
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -38,22 +40,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_workloads import make_models, make_workload, prompt_ids  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+# vLLM's start-up lines that show what each leg's engine was sized to (kept in the results JSON)
+ENGINE_LOG = re.compile(r"Chunked prefill is enabled|GPU KV cache size|Maximum concurrency|Asynchronous scheduling is"
+                        r"|attention backend|Available KV cache memory|Graph capturing finished")
 
 
 # --- GPU busy share -----------------------------------------------------------------------------
 
 
 class GpuSampler:
-    """Samples `nvidia-smi` utilization every 200 ms; busy(t0, t1) = mean utilization in that window."""
+    """Samples `nvidia-smi` utilization every 100 ms, and the host's CPU (/proc/stat: cores busy, cores
+    stolen by the hypervisor) every 200 ms; busy(t0, t1) = mean GPU utilization in that window."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float]] = []
+        self.cpu: list[tuple[float, float, float]] = []  # (time, cores busy, cores stolen)
         self.proc = None
+        self.running = True
         if shutil.which("nvidia-smi"):
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
                 stdout=subprocess.PIPE, text=True)
             threading.Thread(target=self._read, daemon=True).start()
+        if Path("/proc/stat").exists():
+            threading.Thread(target=self._read_cpu, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -61,6 +71,23 @@ class GpuSampler:
                 self.samples.append((time.time(), float(line.split(",")[0])))
             except ValueError:
                 pass
+
+    def _read_cpu(self) -> None:
+        def stat() -> tuple[float, list[int]]:
+            with open("/proc/stat") as f:
+                return time.time(), [int(x) for x in f.readline().split()[1:]]
+
+        hz = os.sysconf("SC_CLK_TCK")
+        t_prev, prev = stat()
+        while self.running:
+            time.sleep(0.2)
+            t, cur = stat()
+            d = [c - p for c, p in zip(cur, prev)]  # user nice system idle iowait irq softirq steal ...
+            span = (t - t_prev) * hz
+            if span > 0:
+                busy = sum(d[i] for i in (0, 1, 2, 5, 6) if i < len(d))
+                self.cpu.append((t, round(busy / span, 2), round((d[7] if len(d) > 7 else 0) / span, 2)))
+            t_prev, prev = t, cur
 
     def busy(self, t0: float, t1: float) -> float | None:
         window = [u for t, u in self.samples if t0 <= t <= t1]
@@ -72,7 +99,22 @@ class GpuSampler:
         window = [[round(t - t0, 2), u / 100] for t, u in self.samples if t0 <= t <= t1]
         return window or None
 
+    def cpu_figures(self, t0: float, t1: float) -> dict:
+        """Host CPU in the window: mean cores busy and stolen (a VM's noisy neighbours), and the trace."""
+        window = [(t, b, st) for t, b, st in self.cpu if t0 <= t <= t1]
+        if not window:
+            return {}
+        n = len(window)
+        return {"cpu_cores_busy": round(sum(b for _, b, _ in window) / n, 2),
+                "cpu_cores_stolen": round(sum(st for _, _, st in window) / n, 3),
+                "cpu_trace": [[round(t - t0, 2), b, st] for t, b, st in window]}
+
+    def window(self, t0: float, t1: float) -> dict:
+        """Everything sampled in [t0, t1] for one workload's result."""
+        return {"gpu_busy": self.busy(t0, t1), "gpu_trace": self.trace(t0, t1), **self.cpu_figures(t0, t1)}
+
     def close(self) -> None:
+        self.running = False
         if self.proc:
             self.proc.terminate()
 
@@ -84,8 +126,8 @@ def bare_result(name: str, rows: int, tokens: int, input_tokens: int, t0: float,
                 start_s: float) -> dict:
     """One workload's figures for a leg timed around the engine call itself (bare and async legs)."""
     return {"workload": name, "rows": rows, "output_tokens": tokens, "input_tokens": input_tokens,
-            "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0), "gpu_busy": gpu.busy(t0, t1),
-            "gpu_trace": gpu.trace(t0, t1), "engine_start_s": start_s}
+            "seconds": t1 - t0, "output_tokens_per_s": tokens / (t1 - t0), **gpu.window(t0, t1),
+            "engine_start_s": start_s}
 
 
 def emit(results: list[dict], result: dict) -> None:
@@ -217,17 +259,39 @@ def leg_fleetllm(engine: str, model: str, workloads: list[str], engine_kwargs: d
         report = run_job(spec, overwrite=True)
         t1 = time.time()
         assert report["complete"] and report["errors"] == 0, report
+        print_ray_engine_log()
         gen = report["generation_wall_s"]
         emit(results, {"workload": name, "rows": report["rows"], "output_tokens": report["output_tokens_computed"],
                         "input_tokens": report["input_tokens"], "seconds": gen,
                         "output_tokens_per_s": report["output_tokens_per_s_after_engine_start"],
-                        "gpu_busy": gpu.busy(t1 - gen, t1), "gpu_trace": gpu.trace(t1 - gen, t1),
+                        **gpu.window(t1 - gen, t1),
                         "end_to_end_s": t1 - t0,
                         "engine_start_s": round(t1 - t0 - gen, 1),
                         **{k: report.get(k) for k in ("batches_in_flight_per_replica", "rows_per_engine_call",
                                                       "first_batch_after_ready_s", "commit_after_last_batch_s",
                                                       "teardown_s", "replicas", "nodes")}})
     return results
+
+
+def print_ray_engine_log() -> None:
+    """The replica's vLLM start-up lines live in Ray's worker logs (fleetllm starts Ray with log_to_driver
+    off): print them, so the leg's output carries them like a bare leg's."""
+    import glob
+
+    for path in glob.glob("/tmp/ray/session_latest/logs/worker-*"):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if ENGINE_LOG.search(line):
+                    print("ray-worker: " + line.rstrip()[:2000], flush=True)
+
+
+def engine_log(text: str) -> list[str]:
+    """vLLM's sizing lines in a leg's output, once each (without timestamps: they repeat per workload)."""
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        if ENGINE_LOG.search(line):
+            seen.setdefault(re.sub(r"^.*?\] ", "", line)[:2000])
+    return list(seen)
 
 
 def run_leg(spec: dict) -> list[dict]:
@@ -266,18 +330,20 @@ def engine_kwargs_for(engine: str, on_gpu: bool, extra: dict) -> dict:
 def run(args) -> None:
     deadline = time.time() + args.budget_s
     on_gpu = shutil.which("nvidia-smi") is not None
-    models = make_models(args.tokenizer_dir, Path(tempfile.mkdtemp(prefix="gpu-models-")))
+    # one folder per machine: vLLM keys its compile cache by the model's path, so later calls start warm
+    models = make_models(args.tokenizer_dir, Path(args.models_dir).expanduser())
     out = Path(args.out)
     doc = json.loads(out.read_text()) if out.exists() else {"legs": []}
     doc["machine"] = {"node": platform.node(), "gpu": _gpu_name(), "cpus": os.cpu_count()}
     for leg in args.legs:
-        engine, mode, shape, workloads = leg.split(":")
+        engine, mode, shape, workloads, *leg_tag = leg.split(":")  # optional 5th field: this leg's tag
+        tag = args.tag + "".join(f"-{t}" for t in leg_tag)
         batch = args.vllm_batch_size if engine == "vllm" else args.transformers_batch_size
         spec = {"engine": engine, "mode": mode, "model": models[shape], "workloads": workloads.split(","),
                 "engine_kwargs": engine_kwargs_for(engine, on_gpu, json.loads(args.engine_kwargs)),
                 "batch_size": batch, "compute": json.loads(args.compute)}
         left = deadline - time.time()
-        entry = {"leg": leg + args.tag, "tag": args.tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
+        entry = {"leg": f"{engine}:{mode}:{shape}:{workloads}{tag}", "tag": tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
                  "engine_kwargs": spec["engine_kwargs"]}
         if left < 30:
             entry["skipped"] = f"budget spent ({args.budget_s:g}s)"
@@ -292,6 +358,7 @@ def run(args) -> None:
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             entry["wall_s"] = round(time.time() - t0, 1)
             entry["results"] = [json.loads(ln[len("RESULT "):]) for ln in lines]
+            entry["engine_log"] = engine_log(proc.stdout + "\n" + proc.stderr)
             if proc.returncode != 0:
                 entry["failed"] = (proc.stdout[-1500:] + "\n" + proc.stderr[-6000:])
             wait_gpu_free()
@@ -343,6 +410,8 @@ def main() -> None:
     r.add_argument("--legs", nargs="+", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--budget-s", type=float, default=560)
+    r.add_argument("--models-dir", default="~/.cache/fleetllm-bench/gpu-models",
+                   help="where the model folders are written (kept, so vLLM's compile cache is reused)")
     r.add_argument("--vllm-batch-size", type=int, default=64)
     r.add_argument("--transformers-batch-size", type=int, default=64)
     r.add_argument("--engine-kwargs", default="{}", help="JSON merged into every leg's engine_kwargs")

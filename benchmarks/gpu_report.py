@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,8 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
     repeats: dict[tuple, list[float]] = {}
     for d in diagnostics:  # pairs repeated under their own tags (p1, p2, ...): the spread between pairs
         if d["vs"] != "bare" and d["vs_bare"] is not None:
-            repeats.setdefault((d["engine"], d["mode"].split("-", 1)[0], d["shape"], d["workload"]), []).append(d["vs_bare"])
+            base = re.sub(r"-p\d+$", "", d["mode"])  # fleetllm-p3 -> fleetllm, fleetllm-cg-p1 -> fleetllm-cg
+            repeats.setdefault((d["engine"], base, d["shape"], d["workload"]), []).append(d["vs_bare"])
     machine = next((d["machine"] for d in docs if "machine" in d), {})
     missing = [{"leg": leg["leg"], "why": why_missing(leg)}
                for leg in legs.values() if not leg.get("results") or leg.get("failed") or leg.get("skipped")]
@@ -56,7 +58,12 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
          "gpu_idle_head_tail_s": idle_head_tail(d)} for d in diagnostics],
             "repeated_pairs": [{"engine": e, "mode": m, "shape": s, "workload": w, "ratios": r,
                                 "median": round(statistics.median(r), 3)} for (e, m, s, w), r in repeats.items()],
-            "legs": list(legs.values()), "not_measured": missing}
+            "legs": [without_traces(leg) for leg in legs.values()], "not_measured": missing}
+
+
+def without_traces(leg: dict[str, Any]) -> dict[str, Any]:
+    """A leg as the merged results keep it: the per-sample traces stay in the raw files (gpu_runs/)."""
+    return {**leg, "results": [{k: v for k, v in r.items() if not k.endswith("_trace")} for r in leg.get("results", [])]}
 
 
 def idle_head_tail(result: dict[str, Any], busy: float = 0.5) -> list[float] | None:

@@ -17,6 +17,7 @@ engines see identical prompts.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import os
 import threading
@@ -137,6 +138,11 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
         self.tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
+        # The start-up heap (torch, vLLM, Ray, Arrow: millions of objects) leaves the garbage collector,
+        # as vLLM's API server does after start-up: otherwise a full collection walks it under the GIL
+        # (0.5-0.9 s on the 2-core CPU), and one fell while a shard was being handed to vLLM.
+        gc.collect()
+        gc.freeze()
 
     def stop(self) -> None:
         if self._llm is not None:
@@ -149,6 +155,7 @@ class VLLMEngine(Engine):
                 self._run(shutdown())
             finally:
                 self._close_loop()
+                gc.unfreeze()  # the heap frozen at start is collectable again (and freed at exit)
 
     def _close_loop(self) -> None:
         if self._loop is not None:

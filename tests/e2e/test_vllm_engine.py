@@ -181,8 +181,9 @@ def test_a_large_batch_keeps_each_result_in_its_row(engine):
 
 
 def test_cancelling_a_batch_call_aborts_its_requests_in_vllm(engine):
-    requests = [chat(f"Tell a long story about {w}.", max_tokens=300, ignore_eos=True) for w in ("cats", "ships")]
-    assert asyncio.run(cancel_when_busy(engine, engine.agenerate(requests), 2)) == 2
+    # 40 rows, each its own task on the engine's loop: every one must be aborted
+    requests = [chat(f"Tell a long story about the number {i}.", max_tokens=300, ignore_eos=True) for i in range(40)]
+    assert asyncio.run(cancel_when_busy(engine, engine.agenerate(requests), 40)) == 40
     assert engine.num_unfinished_requests() == 0
 
 

@@ -63,7 +63,8 @@ def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def without_traces(leg: dict[str, Any]) -> dict[str, Any]:
     """A leg as the merged results keep it: the per-sample traces stay in the raw files (gpu_runs/)."""
-    return {**leg, "results": [{k: v for k, v in r.items() if not k.endswith("_trace")} for r in leg.get("results", [])]}
+    results = [{k: v for k, v in r.items() if not k.endswith("_trace")} for r in leg.get("results", [])]
+    return {**leg, "results": results}
 
 
 def idle_head_tail(result: dict[str, Any], busy: float = 0.5) -> list[float] | None:
@@ -112,7 +113,8 @@ def table(doc: dict[str, Any]) -> str:
         ratio = "-" if d["vs_bare"] is None else f"{d['vs_bare']:.3f}"
         idle = d.get("gpu_idle_head_tail_s")
         console.print(f"diagnostic {d['engine']} {d['mode']} {d['shape']} {d['workload']}: "
-                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of {d.get('vs', 'bare')}, GPU busy {d['gpu_busy']}"
+                      f"{d['output_tokens_per_s']:,.0f} tok/s, {ratio} of {d.get('vs', 'bare')}, "
+                      f"GPU busy {d['gpu_busy']}"
                       + (f", GPU idle head/tail {idle[0]:.2f}/{idle[1]:.2f} s" if idle else "")
                       + (f", CPU cores busy {d['cpu_cores_busy']} (stolen {d['cpu_cores_stolen']})"
                          if d.get("cpu_cores_busy") is not None else ""))

@@ -12,10 +12,11 @@ every leg, so a run cut short keeps what it measured.
     python benchmarks/gpu_throughput.py report results1.json [results2.json ...]   # table, JSON, PNG
 
 A leg is ENGINE:MODE:SHAPE:WORKLOADS[:TAG], e.g. `vllm:bare:llama3-8b-shape:a1024,a4096,b2048` or
-`transformers:fleetllm:smollm2-135m-shape:a256`; legs tagged p1, p2, ... (`vllm:bare:...:a1024:p1`) are
-repeated pairs, each compared with the bare leg of its own tag, summarised by their median. MODE is bare, fleetllm, or (diagnostic, vllm only)
-async: vLLM's AsyncLLM fed the same token ids from one event loop without Ray. Legs run with `--tag`
-(other compute or engine settings) and async legs are reported as diagnostics beside the table. See benchmarks/NOTES.md for the figures.
+`transformers:fleetllm:smollm2-135m-shape:a256`. MODE is bare, fleetllm, or (diagnostic, vllm only)
+async: vLLM's AsyncLLM fed the same token ids from one event loop without Ray. Legs tagged p1, p2, ...
+(`vllm:bare:...:a1024:p1`) are repeated pairs, each compared with the bare leg of its own tag and
+summarised by their median. Legs run with `--tag` (other compute or engine settings) and async legs are
+reported as diagnostics beside the table. See benchmarks/NOTES.md for the figures.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_workloads import make_models, make_workload, prompt_ids  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-# vLLM's start-up lines that show what each leg's engine was sized to (kept in the results JSON)
+# vLLM's start-up lines: what each leg's engine was sized to and where its start-up went (kept in the results JSON)
 ENGINE_LOG = re.compile(r"Chunked prefill is enabled|GPU KV cache size|Maximum concurrency|Asynchronous scheduling is"
-                        r"|attention backend|Available KV cache memory|Graph capturing finished")
+                        r"|attention backend|Available KV cache memory|Graph capturing finished"
+                        r"|Model loading took|torch.compile took|init engine|Directly load the compiled graph")
 
 
 # --- GPU busy share -----------------------------------------------------------------------------
@@ -343,7 +345,8 @@ def run(args) -> None:
                 "engine_kwargs": engine_kwargs_for(engine, on_gpu, json.loads(args.engine_kwargs)),
                 "batch_size": batch, "compute": json.loads(args.compute)}
         left = deadline - time.time()
-        entry = {"leg": f"{engine}:{mode}:{shape}:{workloads}{tag}", "tag": tag, "compute": spec["compute"], "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
+        entry = {"leg": f"{engine}:{mode}:{shape}:{workloads}{tag}", "tag": tag, "compute": spec["compute"],
+                 "shape": shape, "engine": engine, "mode": mode, "batch_size": batch,
                  "engine_kwargs": spec["engine_kwargs"]}
         if left < 30:
             entry["skipped"] = f"budget spent ({args.budget_s:g}s)"

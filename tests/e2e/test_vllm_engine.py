@@ -38,6 +38,13 @@ def test_engine_kwargs_reach_vllm(engine):
     assert engine.version == vllm.__version__
 
 
+def test_the_start_up_heap_is_frozen_out_of_the_garbage_collector(engine):
+    import gc
+
+    # torch, vLLM and the model's start-up objects: a full collection would otherwise walk them all
+    assert gc.get_freeze_count() > 100_000
+
+
 def test_batch_greedy_n_logprobs_and_per_row_errors(engine):
     long_prompt = "word " * (MAX_MODEL_LEN + 50)
     requests = [

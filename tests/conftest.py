@@ -27,6 +27,14 @@ def embedded_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def embedding_model() -> str:
+    """The embedded all-MiniLM-L6-v2 folder (a sentence-transformers folder, unpacked once, then cached)."""
+    from fleetllm import models
+
+    return models.resolve("all-minilm-l6-v2").path
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory, embedded_model) -> str:
     """A 2-layer random-weight Llama with the SmolLM2 tokenizer."""
     from fleetllm.testing.tiny_model import make_tiny_model

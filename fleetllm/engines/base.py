@@ -80,6 +80,32 @@ class StreamDelta:
     logprobs: list[dict[str, Any]] | None = None
 
 
+@dataclass
+class EmbeddingRequest:
+    """One text to embed: `text`, or its token ids (`token_ids`, OpenAI's token-array input)."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+    dimensions: int | None = None  # Matryoshka truncation (models that declare it), else None
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.text is None and self.token_ids is None:
+            raise RowError("nothing to embed: give text (or token ids)")
+
+
+@dataclass
+class EmbeddingResult:
+    embedding: list[float] | None = None
+    num_input_tokens: int = 0
+    error: str | None = None
+    attempts: int | None = None  # HTTP attempts made for the row (engines that retry, e.g. openai)
+
+    @classmethod
+    def failed(cls, error: str, num_input_tokens: int = 0) -> "EmbeddingResult":
+        return cls(embedding=None, num_input_tokens=num_input_tokens, error=error)
+
+
 def clean_sampling(sampling: dict[str, Any] | None) -> dict[str, Any]:
     """Drop unset (None) values: Arrow struct columns fill absent keys with nulls."""
     return {k: v for k, v in (sampling or {}).items() if v is not None}
@@ -126,6 +152,25 @@ class Engine(abc.ABC):
         raise NotImplementedError(f"the {self.name} engine does not stream")
         yield  # pragma: no cover
 
+    # What the engine serves: "generate" (generate/generate_stream), "embed" (embed/aembed) or both.
+    tasks: tuple[str, ...] = ("generate",)
+
+    def embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
+        """Embed a batch; one result per request, in order (a bad row fails alone). Engines with the
+        "embed" task override it (fleetllm.engines.embed_engines)."""
+        raise NotImplementedError(f"the {self.name} engine does not embed; start it with task embed")
+
+    async def aembed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
+        """`embed` for callers on an event loop (serving); by default runs `embed` in a thread."""
+        import asyncio
+
+        return await asyncio.to_thread(self.embed, requests)
+
+    @property
+    def embedding_dimensions(self) -> int | None:
+        """Length of the vectors `embed` returns (embedding engines), else None."""
+        return None
+
     def stop(self) -> None:
         """Release the model."""
 
@@ -145,12 +190,23 @@ ENGINES = {
 }
 
 
-def engine_class(name: str) -> type[Engine]:
+# The engines of the "embed" task, where it is a class of its own (openai embeds with its one class).
+EMBED_ENGINES = {
+    "transformers": "fleetllm.engines.transformers_embed:TransformersEmbedEngine",
+    "vllm": "fleetllm.engines.vllm_embed:VLLMEmbedEngine",
+}
+TASKS = ("generate", "embed")
+
+
+def engine_class(name: str, task: str = "generate") -> type[Engine]:
     if name not in ENGINES:
         raise PlanError(f"unknown engine {name!r}; choose one of {sorted(ENGINES)}")
-    module_name, _, attr = ENGINES[name].partition(":")
+    if task not in TASKS:
+        raise PlanError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+    target = EMBED_ENGINES.get(name, ENGINES[name]) if task == "embed" else ENGINES[name]
+    module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 
-def create_engine(name: str, model_path: str, **kwargs: Any) -> Engine:
-    return engine_class(name)(model_path, **kwargs)
+def create_engine(name: str, model_path: str, task: str = "generate", **kwargs: Any) -> Engine:
+    return engine_class(name, task)(model_path, **kwargs)

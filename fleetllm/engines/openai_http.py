@@ -1,7 +1,8 @@
 """The OpenAI HTTP engine: any OpenAI-compatible endpoint (vLLM, a fleetllm server, a hosted API).
 
 `model.source` (the engine's model_path) is the served model id unless engine_kwargs.model is set.
-Requests with `messages` go to /chat/completions, requests with a raw `prompt` to /completions.
+Requests with `messages` go to /chat/completions, requests with a raw `prompt` to /completions,
+embedding requests (`embed`) to /embeddings.
 Every request passes through one AIMD window (`fleetllm.query.aimd`) that lives as long as the
 engine, so the concurrency it learned carries over from one `generate` call to the next; retries
 follow `fleetllm.query.client`. A failed row comes back with `error` set and its `attempts`; none
@@ -18,7 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleetllm.engines.base import Completion, Engine, GenerationRequest, GenerationResult, clean_sampling
+from fleetllm.engines.base import (
+    Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
+)
 from fleetllm.errors import EngineError, SpecError
 from fleetllm.query.aimd import AIMDConfig, AIMDController
 from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
@@ -110,6 +113,7 @@ class OpenAIHTTPEngine(Engine):
     name = "openai"
     concurrent_batches = True
     retries_requests = True  # engine_kwargs.max_retries; the batch stage adds no retries on top
+    tasks = ("generate", "embed")  # whatever the endpoint serves: it refuses what its model cannot do
 
     def start(self) -> None:
         self.settings = parse_engine_kwargs(self.engine_kwargs)
@@ -159,6 +163,37 @@ class OpenAIHTTPEngine(Engine):
         except Exception as exc:  # a malformed row fails alone
             return GenerationResult.failed(f"could not send the request: {exc}")
         return to_result(call, n)
+
+    # --- embeddings: POST /embeddings, one row per request under the same AIMD window and retries ---
+
+    def embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
+        return self.submit_embed(requests).result()
+
+    def submit_embed(self, requests: list[EmbeddingRequest]) -> Future:
+        """Start a batch of embeddings on the engine's loop; a concurrent.futures.Future of its results."""
+        return self._run(self._embed(requests))
+
+    async def aembed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
+        return await asyncio.wrap_future(self.submit_embed(requests))
+
+    async def _embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
+        return list(await asyncio.gather(*(self._embed_one(r) for r in requests)))
+
+    async def _embed_one(self, request: EmbeddingRequest) -> EmbeddingResult:
+        options: dict[str, Any] = {"encoding_format": "float"}
+        if request.dimensions is not None:
+            options["dimensions"] = int(request.dimensions)
+        value = request.text if request.token_ids is None else [int(t) for t in request.token_ids]
+        try:
+            call = await self.client.embed(value, **options)
+        except Exception as exc:  # a malformed row fails alone
+            return EmbeddingResult.failed(f"could not send the request: {exc}")
+        if call.error is not None:
+            result = EmbeddingResult.failed(call.error, num_input_tokens=call.prompt_tokens)
+        else:
+            result = EmbeddingResult(embedding=call.embedding, num_input_tokens=call.prompt_tokens)
+        result.attempts = call.attempts
+        return result
 
     def stop(self) -> None:
         loop = getattr(self, "_loop", None)

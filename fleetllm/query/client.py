@@ -62,6 +62,7 @@ class CallResult:
     completion_tokens: int = 0
     error: str | None = None
     attempts: int = 0
+    embedding: list[float] | None = None  # the vector of an embeddings call
     latency_s: float = 0.0  # the successful attempt's latency (or the last attempt's)
     elapsed_s: float = 0.0  # from the first attempt's send to the result, backoffs included
 
@@ -237,7 +238,14 @@ class QueryClient:
         return await self._call(lambda: self.openai.completions.create(
             model=self.model, prompt=prompt, **options))
 
-    async def _call(self, send: Callable[[], Awaitable[Any]]) -> CallResult:
+    async def embed(self, input: str | list[int], **options: Any) -> CallResult:
+        """One embedding (POST /embeddings) of one text or token-id list, with retries; the vector is
+        taken as floats (the client asks for base64 and decodes it when encoding_format is left out)."""
+        return await self._call(lambda: self.openai.embeddings.create(model=self.model, input=input, **options),
+                                _parse_embedding)
+
+    async def _call(self, send: Callable[[], Awaitable[Any]],
+                    parse: Callable[[Any], CallResult] | None = None) -> CallResult:
         attempts = 0
         first: float | None = None
         while True:
@@ -266,7 +274,7 @@ class QueryClient:
                 continue
             latency = self.clock() - start
             try:
-                result = _parse(response)
+                result = (parse or _parse)(response)
             except Exception as exc:
                 self.window.other(ticket)
                 return CallResult(error=f"unreadable response: {exc}", attempts=attempts, latency_s=latency)
@@ -292,3 +300,15 @@ def _parse(response: Any) -> CallResult:
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
     )
+
+
+def _parse_embedding(response: Any) -> CallResult:
+    data = list(response.data)
+    if len(data) != 1:
+        raise ValueError(f"expected one embedding, got {len(data)}")
+    vector = data[0].embedding
+    if not isinstance(vector, list) or not vector:
+        raise ValueError(f"the embedding is not a list of floats ({type(vector).__name__})")
+    usage = getattr(response, "usage", None)
+    return CallResult(embedding=[float(x) for x in vector],
+                      prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0))

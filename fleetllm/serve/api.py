@@ -3,7 +3,8 @@
 `make_api(backends, api_key)` returns the FastAPI app; the Ray Serve ingress (app.py) builds it in
 its replica over DeploymentHandles, and tests build it in-process over `LocalBackend`s and drive it
 through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models, GET /health, GET /metrics.
+POST /v1/embeddings (fleetllm.serve.embeddings), GET /v1/models, GET /health, GET /metrics. A model
+serves one task: an embedding model refuses chat and completions with a 400, and the others embeddings.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleetllm.serve.backend import Backend, raise_item_error
+from fleetllm.serve.embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
 from fleetllm.serve.protocol import (
     APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
@@ -120,12 +122,47 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     async def completions(request: Request):
         return await serve_request(request, "completions")
 
+    def check_task(model: str, backend: Backend, task: str, endpoint: str) -> None:
+        have = getattr(backend, "task", "generate")
+        if have != task:
+            raise APIError(400, wrong_task_message(model, have, endpoint), param="model", code="wrong_model_task")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        model_label = "unknown"
+        try:
+            check_key(request)
+            req = await parse(request, EmbeddingsRequest)
+            model_label, backend = pick(req.model)
+            check_task(model_label, backend, "embed", "/v1/embeddings")
+            t0 = time.monotonic()
+            metrics.in_flight.labels(model_label).inc()
+            try:
+                out = await backend.embed({"items": req.items(), "dimensions": req.dimensions,
+                                           "request_id": new_id("emb")})
+            finally:
+                metrics.in_flight.labels(model_label).dec()
+            if "error" in out:
+                raise_item_error([out])
+            metrics.latency.labels(model_label).observe(time.monotonic() - t0)
+            metrics.requests.labels(model_label, "embeddings", "200").inc()
+            metrics.prompt_tokens.labels(model_label).inc(out["prompt_tokens"])
+            return JSONResponse(embeddings_response(model_label, out["vectors"], out["prompt_tokens"],
+                                                    req.encoding_format))
+        except APIError as exc:
+            if exc.status == 400 and "dimensions" in exc.message and exc.param is None:
+                exc.param = "dimensions"
+            metrics.requests.labels(model_label, "embeddings", str(exc.status)).inc()
+            return error_response(exc)
+
     async def serve_request(request: Request, endpoint: str):
         model_label = "unknown"
         try:
             check_key(request)
             req = await parse(request, ChatCompletionRequest if endpoint == "chat" else CompletionRequest)
             model_label, backend = pick(req.model)
+            check_task(model_label, backend, "generate",
+                       "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
             payload = build_payload(req, endpoint)
             return await run(req, endpoint, model_label, backend, payload)
         except APIError as exc:

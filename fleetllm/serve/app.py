@@ -37,8 +37,12 @@ def _deployments():
             async for items in self.server.stream(payload):
                 yield items
 
+        async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
+            return await self.server.embed(payload)
+
         def info(self) -> dict[str, Any]:
-            return {"model_id": self.server.model_id, "max_model_len": self.server.max_model_len}
+            return {"model_id": self.server.model_id, "max_model_len": self.server.max_model_len,
+                    "task": self.server.task}
 
         def stats(self) -> dict[str, Any]:
             return self.server.stats()
@@ -63,7 +67,8 @@ def _deployments():
             backends = {}
             for model_id, handle in self.handles.items():
                 info = await handle.info.remote()
-                backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"))
+                backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"),
+                                                   info.get("task", "generate"))
             return make_api(backends, api_key=self.api_key)
 
     return LLMServer, OpenAIIngress
@@ -72,8 +77,9 @@ def _deployments():
 class HandleBackend:
     """A model deployment seen through its DeploymentHandle (streaming)."""
 
-    def __init__(self, model_id: str, handle: Any, max_model_len: int | None) -> None:
+    def __init__(self, model_id: str, handle: Any, max_model_len: int | None, task: str = "generate") -> None:
         self.model_id = model_id
+        self.task = task
         self.handle = handle
         self.stream_handle = handle.options(stream=True)
         self.max_model_len = max_model_len
@@ -103,6 +109,19 @@ class HandleBackend:
                     gen.cancel()
                 except Exception:  # noqa: BLE001 - already finished or failed
                     pass
+
+    async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
+        from ray.serve.exceptions import BackPressureError
+
+        from fleetllm.serve.protocol import overloaded
+
+        try:
+            return await self.handle.embed.remote(payload)
+        except BackPressureError as exc:
+            status = getattr(exc, "status_code", 429)
+            raise overloaded(f"model {self.model_id!r} is at capacity (queue full); retry later",
+                             429 if status not in (429, 503) else status,
+                             getattr(exc, "retry_after_s", None) or RETRY_AFTER_S) from None
 
     async def stats(self) -> dict[str, Any] | None:
         """The sampled replica's engine counters; None when every replica is busy to its limit."""

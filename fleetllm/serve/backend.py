@@ -3,7 +3,8 @@
 `ModelServer` owns an engine and turns `engine.generate_stream(request)` into lists of plain delta
 dicts (what crosses a Ray Serve handle). It runs inside the Ray Serve model deployment, and
 in-process behind `LocalBackend` (tests, the ASGI app without Ray). The API layer (api.py) talks to
-any object with the `Backend` shape: `stream(payload)`, `stats()`, `healthy()`, `max_model_len`.
+any object with the `Backend` shape: `stream(payload)`, `embed(payload)`, `stats()`, `healthy()`,
+`max_model_len` and `task` ("generate" or "embed": what the model serves).
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0.05"))
 class Backend(Protocol):
     model_id: str
     max_model_len: int | None
+    task: str  # "generate" | "embed"
 
     def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]: ...
+
+    async def embed(self, payload: dict[str, Any]) -> dict[str, Any]: ...
 
     async def stats(self) -> dict[str, Any] | None: ...
 
@@ -54,13 +58,16 @@ class ModelServer:
             from fleetllm.engines.base import create_engine
 
             resolved = models.resolve(config.model_loading_config.model_source)
+            self.task = config.task if config.task != "auto" else models.model_task(resolved)
             name = config.resolved_engine()
             kwargs = dict(config.engine_kwargs)
-            if name == "transformers":  # one engine batch holds what the replica admits at once
+            if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
-            engine = create_engine(name, resolved.path, engine_kwargs=kwargs,
+            engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             engine.start()
+        else:
+            self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
         self.engine = engine
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
@@ -88,6 +95,36 @@ class ModelServer:
     def stream_gap(self) -> float:
         """Seconds between two messages of one stream, now (grows with the streams in flight)."""
         return max(STREAM_INTERVAL_S, self.ongoing / self.stream_budget)
+
+    async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Embed payload["items"] ({text} or {token_ids} each): {"vectors", "prompt_tokens"}, or an error item
+        (400 naming the first input the engine refused, 503 when the engine died)."""
+        from fleetllm.engines.base import EmbeddingRequest
+
+        if not self.healthy():
+            return error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")
+        try:
+            requests = [EmbeddingRequest(text=it.get("text"), token_ids=it.get("token_ids"),
+                                         dimensions=payload.get("dimensions"),
+                                         request_id=f"{payload.get('request_id', 'emb')}-{i}")
+                        for i, it in enumerate(payload["items"])]
+        except RowError as exc:
+            return error_item(400, str(exc))
+        self.ongoing += 1
+        try:
+            results = await self.engine.aembed(requests)
+        except EngineError as exc:
+            self.fatal = str(exc)
+            return error_item(503, str(exc), "engine_error")
+        except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
+            return error_item(500, f"{type(exc).__name__}: {exc}", "internal_error")
+        finally:
+            self.ongoing -= 1
+        for i, res in enumerate(results):
+            if res.error is not None:
+                where = f"input[{i}]: " if len(results) > 1 else ""
+                return error_item(400, where + res.error)
+        return {"vectors": [r.embedding for r in results], "prompt_tokens": sum(r.num_input_tokens for r in results)}
 
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield lists of delta dicts; a request the engine refuses yields one error item."""
@@ -159,6 +196,7 @@ class LocalBackend:
                  retry_after_s: float = 1.0) -> None:
         self.server = server
         self.model_id = server.model_id
+        self.task = server.task
         self.capacity = max_ongoing_requests + max_queued_requests
         self.retry_after_s = retry_after_s
         self.admitted = 0
@@ -175,6 +213,16 @@ class LocalBackend:
         try:
             async for items in self.server.stream(payload):
                 yield items
+        finally:
+            self.admitted -= 1
+
+    async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if self.admitted >= self.capacity:
+            raise overloaded(f"model {self.model_id!r} has {self.admitted} requests in flight (limit "
+                             f"{self.capacity}); retry later", 429, self.retry_after_s)
+        self.admitted += 1
+        try:
+            return await self.server.embed(payload)
         finally:
             self.admitted -= 1
 

@@ -8,6 +8,7 @@
       - model_id: smollm2
         source: smollm2-135m-instruct
         engine: transformers       # transformers | vllm | auto
+        task: auto                 # generate | embed | auto (from the model: embedding models embed)
         replicas: 1                # or autoscaling: {min_replicas, max_replicas, target_ongoing_requests}
         max_ongoing_requests: 32
         max_queued_requests: 64
@@ -48,6 +49,9 @@ class ServeModelSpec(StrictModel):
         "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is usable)."
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the engine.")
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto", description="What the model serves: generate (chat and completions), embed (POST /v1/embeddings), "
+        "or auto: embed for an embedding model (all-minilm-l6-v2, a sentence-transformers folder), else generate.")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Default chat template variables, e.g. {enable_thinking: false}."
     )
@@ -77,7 +81,7 @@ class ServeModelSpec(StrictModel):
             deployment["num_replicas"] = self.replicas
         return LLMConfig(
             model_loading_config=ModelLoadingConfig(model_id=self.model_id, model_source=self.source),
-            engine=self.engine, engine_kwargs=self.engine_kwargs,
+            engine=self.engine, engine_kwargs=self.engine_kwargs, task=self.task,
             chat_template_kwargs=self.chat_template_kwargs, deployment_config=deployment,
             stream_messages_per_s=self.stream_messages_per_s,
         )
@@ -135,6 +139,8 @@ class LLMConfig(StrictModel):
     model_loading_config: ModelLoadingConfig = Field(..., description="model_id (routing name) and model_source.")
     engine: Literal["transformers", "vllm", "auto"] = Field("auto", description="Inference engine.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the engine.")
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto", description="generate (chat, completions), embed (/v1/embeddings), or auto (from the model).")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Default chat template variables.")
     deployment_config: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options: num_replicas or autoscaling_config, "

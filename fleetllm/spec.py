@@ -163,6 +163,11 @@ class ClusterSpec(StrictModel):
 
 class JobSpec(StrictModel):
     name: str = Field("job", description="Job name, used in reports.")
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate: text completions (generated_text). embed: one vector per row "
+        "(an `embedding` column, fixed-size list<float32>) of prompt.template or the row's `text`/`prompt` "
+        "column, with an embedding model (e.g. all-minilm-l6-v2). OpenAI Batch input: the lines' url decides "
+        "(/v1/embeddings embeds).")
     model: ModelSpec = Field(default_factory=ModelSpec, description="Which model and engine.")
     input: InputSpec = Field(..., description="Where the rows come from.")
     prompt: PromptSpec = Field(default_factory=PromptSpec, description="How a row becomes a conversation.")
@@ -191,6 +196,19 @@ class JobSpec(StrictModel):
                 f"(now {settings.max_retries}) and remove compute.max_retries")
         if "batch_size" not in self.compute.model_fields_set:
             self.compute.batch_size = self.output.shard_rows  # one call per shard (fleetllm/query/window.py)
+        return self
+
+    @model_validator(mode="after")
+    def _embed_task(self) -> "JobSpec":
+        if self.task != "embed":
+            return self
+        set_sampling = sorted(self.sampling.model_fields_set)
+        if set_sampling:
+            raise ValueError(f"task embed generates no text, so sampling ({', '.join(set_sampling)}) does not apply; "
+                             "remove the sampling section")
+        if self.prompt.system:
+            raise ValueError("task embed embeds text as it is: prompt.system (a chat message) does not apply; "
+                             "put any prefix into prompt.template")
         return self
 
     @model_validator(mode="after")

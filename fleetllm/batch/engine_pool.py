@@ -62,12 +62,15 @@ class EnginePool:
     in_flight: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
+    task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
         (fleetllm.batch.tokenize_stage)."""
         from fleetllm.batch.tokenize_stage import tokenize_stage_kwargs
 
+        if self.task == "embed":
+            return None
         return tokenize_stage_kwargs(self.engine, self.model_path, self.engine_kwargs, self.chat_template_kwargs,
                                      batch_size)
 
@@ -77,6 +80,10 @@ class EnginePool:
         from fleetllm.batch.stages import EngineStage
         from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
+        if self.task == "embed":
+            from fleetllm.batch.embed_stage import EmbedStage
+
+            return ds.map_batches(EmbedStage, **self.map_batches_kwargs())
         tokenize = self.tokenize_stage_kwargs(tokenize_batch_size)
         if tokenize is not None:
             ds = ds.map_batches(add_prompt_token_ids, **tokenize)

@@ -1,7 +1,10 @@
 """OpenAI Batch API files: read request lines, write `output.jsonl` and `errors.jsonl`.
 
-Input line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}
+Input line:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings",
+              "body"}
 Output line: {"id", "custom_id", "response": {"status_code", "request_id", "body": <chat.completion>}, "error"}
+A file's lines share one url family: embeddings lines make the job an embed job (`file_task`), and a
+file mixing embeddings with chat/completions lines is refused before anything runs.
 Every input line yields exactly one line, in output.jsonl when it succeeded, else in errors.jsonl
 (with `error: {code, message}`), so a batch moves from OpenAI to fleetllm without changing a file.
 """
@@ -15,7 +18,34 @@ from typing import Any
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+EMBEDDINGS_BODY_KEYS = ("model", "input", "encoding_format", "dimensions", "user")
+
+
+def file_task(path: str, declared: str = "openai_batch") -> str:
+    """"embed" when the input's lines have url /v1/embeddings, else "generate"; InputError for a file
+    (or folder) mixing embeddings lines with chat/completions lines, naming where each kind is."""
+    from fleetllm.batch.io import list_files
+    from fleetllm.errors import InputError
+
+    first: dict[str, str] = {}
+    fs, entries = list_files(path, declared)
+    for p, rel in entries:
+        with fs.open(p, "rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    url = json.loads(line).get("url")
+                except (ValueError, AttributeError):
+                    continue  # a broken line becomes that row's error later
+                kind = "embed" if url == EMBEDDINGS_URL else "generate"
+                first.setdefault(kind, f"{rel} line {n} (url {url})")
+    if len(first) > 1:
+        raise InputError(f"the OpenAI Batch input mixes embeddings and generation lines: {first['embed']} and "
+                         f"{first['generate']}; a job runs one task with one model, so split the file by url")
+    return next(iter(first), "generate")
 
 
 def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -39,8 +69,9 @@ def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any]) -> dict[s
 class OpenAIBatchPreprocessor:
     """Turn a Batch API request line into `messages`/`prompt` + `sampling_params`, or an `error`."""
 
-    def __init__(self, defaults: dict[str, Any]) -> None:
+    def __init__(self, defaults: dict[str, Any], task: str = "generate") -> None:
         self.defaults = {k: v for k, v in defaults.items() if k in ("max_tokens", "temperature", "top_p", "n")}
+        self.task = task
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
@@ -53,6 +84,12 @@ class OpenAIBatchPreprocessor:
         try:
             body = json.loads(row["body"]) if isinstance(row.get("body"), str) else row.get("body")
             self._check(row, body)
+            if (row["url"] == EMBEDDINGS_URL) != (self.task == "embed"):
+                raise ValueError(f"url {row['url']} does not match this job's task ({self.task}); "
+                                 "a file holds either embeddings lines or chat/completions lines")
+            if row["url"] == EMBEDDINGS_URL:
+                row["_embed_inputs"], row["_embed_dimensions"] = embeddings_inputs(body)
+                return row
             if row["url"] == CHAT_URL:
                 row["messages"] = [dict(m) for m in body["messages"]]
             else:
@@ -79,6 +116,24 @@ class OpenAIBatchPreprocessor:
             raise ValueError("body.prompt is missing or empty")
 
 
+def embeddings_inputs(body: dict[str, Any]) -> tuple[str, int | None]:
+    """A /v1/embeddings body -> (JSON list of {text} / {token_ids}, dimensions); ValueError naming the problem."""
+    from pydantic import ValidationError
+
+    from fleetllm.engines.openai_embeddings import EmbeddingsRequest
+
+    unknown = sorted(set(body) - set(EMBEDDINGS_BODY_KEYS))
+    if unknown:
+        raise ValueError(f"body field(s) {unknown} are not supported for /v1/embeddings; "
+                         f"supported: {list(EMBEDDINGS_BODY_KEYS)}")
+    try:
+        req = EmbeddingsRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"invalid embeddings body: {problems}") from None
+    return json.dumps(req.items()), req.dimensions
+
+
 def _request_id(custom_id: str) -> str:
     return hashlib.sha256(str(custom_id).encode()).hexdigest()[:24]
 
@@ -91,6 +146,14 @@ def batch_line(row: dict[str, Any]) -> dict[str, Any]:
                 "error": {"code": "invalid_request" if row.get("attempts", 0) == 0 else "generation_failed",
                           "message": row["error"]}}
     body = json.loads(row["body"]) if isinstance(row.get("body"), str) else (row.get("body") or {})
+    if row.get("url") == EMBEDDINGS_URL:
+        from fleetllm.engines.openai_embeddings import embeddings_response
+
+        vectors = row.get("embeddings") or ([row["embedding"]] if row.get("embedding") is not None else [])
+        payload = embeddings_response(body.get("model"), [list(v) for v in vectors], int(row["num_input_tokens"] or 0),
+                                      body.get("encoding_format") or "float")
+        return {"id": f"batch_req_{rid}", "custom_id": custom_id,
+                "response": {"status_code": 200, "request_id": rid, "body": payload}, "error": None}
     completions = row.get("completions") or [{"index": 0, "text": row["generated_text"],
                                               "finish_reason": row["finish_reason"]}]
     usage = {"prompt_tokens": row["num_input_tokens"], "completion_tokens": row["num_generated_tokens"],

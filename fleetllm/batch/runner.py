@@ -50,6 +50,8 @@ class JobPlan:
     in_flight: int = 1
     sized_for: str = "the connected Ray cluster"
     rows_per_call: int = 16  # rows per engine call (a whole shard on vllm/openai by default)
+    task: str = "generate"  # "embed": the replicas embed (spec.task, or the OpenAI Batch lines' url)
+    embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
 
     @property
     def replicas(self) -> int:
@@ -78,8 +80,14 @@ class JobPlan:
 
     def describe(self) -> list[str]:
         s = self.spec
+        if self.task == "embed":
+            dims = f"{self.embedding_dims} dimensions" if self.embedding_dims else "dimensions from the endpoint"
+            task = [f"task       embed: one `embedding` vector per row ({dims})"]
+        else:
+            task = []
         return [
             f"job        {s.name}",
+            *task,
             f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
             f"engine     {self.engine} ({self.engine_reason})",
             f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
@@ -101,13 +109,18 @@ def check_columns(spec: JobSpec) -> None:
     if not rows:
         return
     present = sorted({k for r in rows for k in r if not k.startswith("_")})
+    if spec.task == "embed" and not spec.prompt.template and not {"text", "prompt"} & set(present):
+        raise InputError(
+            f"task embed needs the text to embed: the input rows have no `text` or `prompt` column and the job has "
+            f"no prompt.template; columns present: {present}. Add prompt.template, e.g. "
+            f"'{{{present[0] if present else 'text'}}}'")
     if spec.prompt.template:
         missing = [c for c in template_fields(spec.prompt.template) if c not in present]
         if missing:
             raise InputError(
                 f"prompt.template {spec.prompt.template!r} uses column(s) {missing} that the input rows "
                 f"lack; columns present: {present}")
-    elif "messages" not in present and "prompt" not in present:
+    elif spec.task != "embed" and "messages" not in present and "prompt" not in present:
         raise InputError(
             f"the input rows have no `messages` or `prompt` column and the job has no prompt.template; "
             f"columns present: {present}. Add prompt.template, e.g. '{{{present[0] if present else 'text'}}}'")
@@ -141,11 +154,16 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
     shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)
+    task, embedding_dims = job_task(spec, model, engine)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
+                    "input_format": spec.input.format, "id_column": spec.input.id_column}
+    if task == "embed":  # only then: fingerprints of generate jobs stay as they were
+        prompt_parts["task"] = "embed"
     parts = fingerprint_parts(
-        model=model, engine=engine, engine_kwargs=engine_kwargs, sampling=spec.sampling.as_params(),
-        prompt={"system": spec.prompt.system, "template": spec.prompt.template,
-                "input_format": spec.input.format, "id_column": spec.input.id_column},
+        model=model, engine=engine, engine_kwargs=engine_kwargs,
+        sampling=spec.sampling.as_params() if task == "generate" else {},
+        prompt=prompt_parts,
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
     fp = fingerprint(parts)
@@ -160,8 +178,33 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     rows_per_call = rows_per_engine_call(spec, engine)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replica_plan, in_flight, sized_for, rows_per_call)
+                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims)
 
+
+def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
+    """(task, vector size) of a job: spec.task, or for OpenAI Batch input the lines' url; PlanError when the
+    spec and the lines disagree, or when a generate job names an embedding model."""
+    from fleetllm import models
+    from fleetllm.errors import PlanError
+
+    task = spec.task
+    if spec.input.format == "openai_batch":
+        from fleetllm.batch.openai_batch import file_task
+
+        task = file_task(spec.input.path)
+        if "task" in spec.model_fields_set and spec.task != task:
+            raise PlanError(f"task is {spec.task} but the OpenAI Batch lines' url says {task} "
+                            "(/v1/embeddings lines embed); remove `task` from the spec, the lines decide")
+    if engine == "openai":
+        return task, None
+    if task == "generate" and models.model_task(model) == "embed":
+        raise PlanError(f"model {spec.model.source!r} is an embedding model: it cannot generate text. Set "
+                        "`task: embed` at the top of the spec for an `embedding` column, or choose a generative model")
+    if task == "embed":
+        from fleetllm.engines.embedding import read_model_info
+
+        return task, read_model_info(model.path).dimensions
+    return task, None
 
 def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
     """compute.batch_size; on engines that batch continuously, when batch_size is left at its default,
@@ -221,7 +264,7 @@ def engine_pool(plan: JobPlan) -> EnginePool:
     return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
-                      max_retries=spec.compute.max_retries)
+                      max_retries=spec.compute.max_retries, task=plan.task)
 
 
 def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
@@ -294,7 +337,7 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
-    preprocessor = make_preprocessor(spec)
+    preprocessor = make_preprocessor(spec, plan.task)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     ready_at: list[float] = []
@@ -335,11 +378,15 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     return report
 
 
-def make_preprocessor(spec: JobSpec) -> Callable[[dict], dict]:
+def make_preprocessor(spec: JobSpec, task: str = "generate") -> Callable[[dict], dict]:
     if spec.input.format == "openai_batch":
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(spec.sampling.as_params())
+        return OpenAIBatchPreprocessor(spec.sampling.as_params(), task)
+    if task == "embed":
+        from fleetllm.batch.embed_stage import EmbedPreprocessor
+
+        return EmbedPreprocessor(spec.prompt.template, spec.input.id_column)
     return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, spec.sampling.as_params(),
                                 spec.input.id_column)
 
@@ -352,12 +399,19 @@ def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer)
     entry = ManifestEntry(
         shard=shard.shard_id, file=part_name(shard.shard_id, out.fmt), rows=table.num_rows, errors=errors,
         input_tokens=int(pc.sum(table.column("num_input_tokens")).as_py() or 0),
-        output_tokens=int(pc.sum(table.column("num_generated_tokens")).as_py() or 0),
+        output_tokens=int(pc.sum(table.column("num_generated_tokens")).as_py() or 0)
+        if "num_generated_tokens" in table.column_names else 0,
         fingerprint=shard_fingerprint(plan.fingerprint, shard), nodes=[n for n in node_ids if n])
     drop = [c for c in INTERNAL_COLUMNS if c in table.column_names]
     if plan.spec.prompt.template and "messages" in table.column_names:
         drop.append("messages")
+    if plan.task == "embed" and "num_generated_tokens" in table.column_names:
+        drop.append("num_generated_tokens")  # an embedding generates nothing
     data = _fixed_types(table.drop_columns(drop))
+    if plan.task == "embed":
+        from fleetllm.batch.embed_stage import fixed_size_embedding
+
+        data = fixed_size_embedding(data, plan.embedding_dims)
     out.commit(entry, lambda fh: writer.write(fh, data))
     return entry
 

@@ -3,7 +3,7 @@
 `make_api(backends, api_key)` returns the FastAPI app; the Ray Serve ingress (app.py) builds it in
 its replica over DeploymentHandles, and tests build it in-process over `LocalBackend`s and drive it
 through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
-POST /v1/embeddings (fleetllm.serve.embeddings), GET /v1/models, GET /health, GET /metrics. A model
+POST /v1/embeddings (fleetllm.engines.openai_embeddings), GET /v1/models, GET /health, GET /metrics. A model
 serves one task: an embedding model refuses chat and completions with a 400, and the others embeddings.
 """
 
@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fleetllm.serve.backend import Backend, raise_item_error
-from fleetllm.serve.embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
+from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
 from fleetllm.serve.protocol import (
     APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,

@@ -27,6 +27,7 @@ install-test: $(VENV)/.installed-vllm
 
 model: install
 	$(VENV)/bin/fleetllm models pull smollm2-135m-instruct
+	$(VENV)/bin/fleetllm models pull all-minilm-l6-v2
 
 demo: model
 	$(VENV)/bin/fleetllm run examples/quickstart.yaml

@@ -32,7 +32,7 @@ def test_serve_config_import_path_builds_the_openai_app():
     ingress = built._bound_deployment
     assert ingress.name == "OpenAIIngress"
     handles = ingress.init_args[0]
-    assert list(handles) == ["smollm2"]
+    assert list(handles) == ["smollm2", "minilm"]
     assert handles["smollm2"]._bound_deployment.name == "LLMServer-smollm2"
 
 

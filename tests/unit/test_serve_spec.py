@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_example_serve_yaml_loads_and_becomes_llm_configs():
     spec = load_serve_spec(ROOT / "examples" / "serve.yaml")
     assert (spec.host, spec.port, spec.api_key) == ("127.0.0.1", 8000, None)
-    (cfg,) = spec.llm_configs()
-    assert cfg.model_id == "smollm2" and cfg.resolved_engine() == "transformers"
+    cfg, embed = spec.llm_configs()
+    assert cfg.model_id == "smollm2" and cfg.resolved_engine() == "transformers" and cfg.task == "auto"
+    assert embed.model_id == "minilm" and embed.model_loading_config.model_source == "all-minilm-l6-v2"
     opts = cfg.deployment_options()
     assert opts["num_replicas"] == 1 and opts["max_ongoing_requests"] == 32 and opts["max_queued_requests"] == 64
     assert opts["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.0}

@@ -54,7 +54,10 @@ def test_retries_isolate_the_failing_row_with_exact_backoff():
 
 
 @pytest.mark.parametrize("line, message", [
-    ({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}}, "url '/v1/embeddings'"),
+    ({"custom_id": "x", "method": "POST", "url": "/v1/images/generations", "body": {"prompt": "a"}},
+     "url '/v1/images/generations'"),
+    ({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}},
+     "url /v1/embeddings does not match this job's task (generate)"),
     ({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions"}, "no `body`"),
     ({"custom_id": "x", "method": "GET", "url": "/v1/chat/completions", "body": {}}, "method 'GET'"),
     ({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}, "messages is missing"),

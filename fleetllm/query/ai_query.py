@@ -17,6 +17,12 @@ Example::
     )
     for row in result.iter_rows():
         print(row["generated_text"]["content"])
+
+Embeddings (POST /v1/embeddings): `task="embed"`, text in `prompt_col`; the output column is a struct of
+embedding (list<float32>), prompt_tokens, error and attempts::
+
+    vectors = fleetllm.ai_query(ds, "minilm", prompt_col="text", task="embed",
+                                base_url="http://127.0.0.1:8000/v1", output_col="embedding")
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ ASYNC_BATCHES_PER_ACTOR = 4
 FORBIDDEN_OPTIONS = ("model", "messages", "prompt", "stream")
 
 
+def embed_output_type():
+    """The Arrow struct type of the output column of task embed."""
+    import pyarrow as pa
+
+    return pa.struct([("embedding", pa.list_(pa.float32())), ("prompt_tokens", pa.int64()),
+                      ("error", pa.string()), ("attempts", pa.int64())])
+
+
 def output_type():
     """The Arrow struct type of the output column."""
     import pyarrow as pa
@@ -53,18 +67,43 @@ class _QueryActor:
     """One Ray actor: an OpenAI HTTP engine whose AIMD window lives as long as the actor."""
 
     def __init__(self, model: str, engine_kwargs: dict[str, Any], prompt_col: str | None,
-                 messages_col: str | None, output_col: str, options: dict[str, Any]) -> None:
+                 messages_col: str | None, output_col: str, options: dict[str, Any], task: str = "generate") -> None:
         from fleetllm.engines.openai_http import OpenAIHTTPEngine
 
         self.engine = OpenAIHTTPEngine(model, engine_kwargs)
         self.engine.start()
         self.prompt_col, self.messages_col = prompt_col, messages_col
         self.output_col, self.options = output_col, options
+        self.task = task
+
+    async def _embed(self, batch):
+        import pyarrow as pa
+
+        from fleetllm.engines.base import EmbeddingRequest
+
+        values = batch.column(self.prompt_col).to_pylist()
+        outputs: list[dict[str, Any] | None] = [None] * len(values)
+        requests, index = [], []
+        for i, value in enumerate(values):
+            if not isinstance(value, str) or not value:
+                outputs[i] = {"embedding": None, "prompt_tokens": 0, "attempts": 0,
+                              "error": f"bad row: column {self.prompt_col!r} is empty or not text"}
+                continue
+            requests.append(EmbeddingRequest(text=value, dimensions=self.options.get("dimensions")))
+            index.append(i)
+        results = await asyncio.wrap_future(self.engine.submit_embed(requests)) if requests else []
+        for i, res in zip(index, results):
+            outputs[i] = {"embedding": res.embedding, "prompt_tokens": res.num_input_tokens, "error": res.error,
+                          "attempts": res.attempts or 0}
+        return batch.append_column(self.output_col, pa.array(outputs, type=embed_output_type()))
 
     async def __call__(self, batch):
         import pyarrow as pa
 
         from fleetllm.engines.base import GenerationRequest
+
+        if self.task == "embed":
+            return await self._embed(batch)
 
         col = self.prompt_col or self.messages_col
         values = batch.column(col).to_pylist()
@@ -122,6 +161,7 @@ def ai_query(
     timeout_s: float = 600.0,
     retry: dict[str, Any] | None = None,
     num_cpus: float = 0.25,
+    task: str = "generate",
 ) -> "ray.data.Dataset":
     """Add `output_col` to every row of `ds`: the endpoint's answer to the row's prompt or messages.
 
@@ -142,11 +182,14 @@ def ai_query(
         timeout_s: timeout of one HTTP attempt.
         retry: backoff settings (initial_backoff_s, max_backoff_s, jitter); see `RetryPolicy`.
         num_cpus: CPUs reserved per actor (the work is network-bound).
+        task: "generate" (chat completions) or "embed" (POST /embeddings of prompt_col's text; options may
+            hold only `dimensions`; the output column is a struct of embedding, prompt_tokens, error, attempts).
 
     Returns:
         A lazy Ray Dataset with the input columns and `output_col`. No row is dropped.
     """
     options = dict(options or {})
+    _check_task(task, messages_col, options)
     _check_arguments(ds, model, prompt_col, messages_col, output_col, options, concurrency, batch_size,
                      max_retries, base_url)
     if aimd is None:
@@ -165,12 +208,25 @@ def ai_query(
     return ds.map_batches(
         _QueryActor,
         fn_constructor_kwargs={"model": model, "engine_kwargs": engine_kwargs, "prompt_col": prompt_col,
-                               "messages_col": messages_col, "output_col": output_col, "options": options},
+                               "messages_col": messages_col, "output_col": output_col, "options": options,
+                               "task": task},
         batch_size=rows_per_call,
         batch_format="pyarrow",
         concurrency=concurrency,
         num_cpus=num_cpus,
     )
+
+
+def _check_task(task: str, messages_col: str | None, options: dict[str, Any]) -> None:
+    if task not in ("generate", "embed"):
+        raise SpecError(f"task={task!r}: use 'generate' (chat completions) or 'embed' (embeddings)")
+    if task != "embed":
+        return
+    if messages_col is not None:
+        raise SpecError("task='embed' embeds text: give prompt_col= (a text column), not messages_col=")
+    other = sorted(set(options) - {"dimensions"})
+    if other:
+        raise SpecError(f"options {other} do not apply to task='embed'; embeddings take only `dimensions`")
 
 
 def _check_arguments(ds, model, prompt_col, messages_col, output_col, options, concurrency, batch_size,

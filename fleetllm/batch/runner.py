@@ -93,11 +93,11 @@ class JobPlan:
             f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
             f"rows in flight per replica (sized for {self.sized_for})",
             *(f"           {line}" for line in self.replica_plan.description[1:]),
-            f"prompts    {self.prompt_stage}",
+            f"prompts    {self.prompt_stage if self.task == 'generate' else 'text as it is (no chat template), tokenized in the replicas'}",
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
-            f"sampling   {s.sampling.as_params()}",
+            *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),
         ]
 
 

@@ -87,7 +87,7 @@ def test_openai_batch_files(ray_local, tiny_model, tmp_path):
     good = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
             "body": {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}}
     comp = {"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once", "max_tokens": 3}}
-    lines = [json.dumps(good), json.dumps({**good, "custom_id": "c", "url": "/v1/embeddings"}),
+    lines = [json.dumps(good), json.dumps({**good, "custom_id": "c", "url": "/v1/images/generations"}),
              json.dumps({"custom_id": "d", "method": "POST", "url": "/v1/chat/completions"}),
              "{not json", json.dumps(comp)]
     src = tmp_path / "batch.jsonl"
@@ -107,7 +107,7 @@ def test_openai_batch_files(ray_local, tiny_model, tmp_path):
     assert chat["body"]["usage"]["completion_tokens"] <= 4 and chat["request_id"]
     assert by_id["b"]["response"]["body"]["object"] == "text_completion"
     messages = {x["custom_id"]: x["error"]["message"] for x in bad}
-    assert "url '/v1/embeddings'" in messages["c"] and "no `body`" in messages["d"]
+    assert "url '/v1/images/generations'" in messages["c"] and "no `body`" in messages["d"]
     assert any("line 4 of batch.jsonl is not a JSON object" in m for k, m in messages.items() if k is None)
     assert all(x["response"] is None for x in bad)
 

@@ -29,7 +29,7 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
         scale = (f"autoscaling {m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas "
                  f"(target {m.autoscaling.target_ongoing_requests:g} ongoing)") if m.autoscaling else f"{m.replicas} replica(s)"
         lines.append(f"  model {m.model_id!r}: source {m.source}, engine {cfg.resolved_engine()}"
-                     f"{' (auto)' if m.engine == 'auto' else ''}, {scale}, {m.max_ongoing_requests} ongoing + "
+                     f"{' (auto)' if m.engine == 'auto' else ''}, task {m.task}, {scale}, {m.max_ongoing_requests} ongoing + "
                      f"{m.max_queued_requests} queued per replica, {m.cpus_per_replica:g} CPU / "
                      f"{m.gpus_per_replica:g} GPU per replica")
         if m.engine_kwargs:

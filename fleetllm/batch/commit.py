@@ -3,15 +3,16 @@
 Layout:
     part-000000.parquet ...             one data file per committed shard, written once whole
     _fleetllm/job.json                  the job's fingerprint and its parts (what changes outputs)
-    _fleetllm/commits/shard-000000.json one small commit object per committed shard
+    _fleetllm/commits/shard-000000-<fingerprint>.json   one small commit object per committed shard
     _fleetllm/lock.json                 the lock of the run writing the folder (folder_lock.py)
     run.json                            the report, written last: its presence means the job completed
 
 A shard is committed in two writes, each whole or absent (store.write_atomic): its data under its
 final name, then its commit object. A shard counts only with a commit object whose fingerprint is
-the current plan's and whose data file is there; nothing is ever appended. Resume lists
-`_fleetllm/commits/` (paginated on object stores) and reads those objects: O(shards) requests,
-memory proportional to shards, never to rows. Before a run computes anything it removes the commit
+the current plan's and whose data file is there; nothing is ever appended. The commit object's
+name carries the shard and its fingerprint, so planning a resume lists `_fleetllm/commits/` and the
+folder (paginated on object stores: one request per 1,000 objects) and reads no object; the report
+reads the commit objects (concurrently on object stores). Memory follows shards, never rows. Before a run computes anything it removes the commit
 objects, then the data parts, of shards the current plan does not hold as committed, so every data
 part left in the folder belongs to this plan and is read back exactly once.
 
@@ -40,15 +41,15 @@ LOCK = "lock.json"
 DATA_EXT = {"parquet": "parquet", "jsonl": "jsonl", "openai_batch": "jsonl"}
 REPORT_FILES = ("run.json", "output.jsonl", "errors.jsonl")
 PART = re.compile(r"^part-\d{6}\.(parquet|jsonl)$")
-COMMIT = re.compile(r"^shard-(\d{6,})\.json$")
+COMMIT = re.compile(r"^shard-(\d{6,})-([0-9a-f]+)\.json$")
 
 
 def part_name(shard_id: int, fmt: str) -> str:
     return f"part-{shard_id:06d}.{DATA_EXT[fmt]}"
 
 
-def commit_name(shard_id: int) -> str:
-    return f"shard-{shard_id:06d}.json"
+def commit_name(shard_id: int, fingerprint: str) -> str:
+    return f"shard-{shard_id:06d}-{fingerprint}.json"
 
 
 def written_by_fleetllm(name: str) -> bool:
@@ -111,16 +112,27 @@ class OutputFolder:
                 entries[entry.shard] = entry
         return entries
 
-    def read_commits(self) -> dict[int, ManifestEntry]:
-        """Committed shards by id, as recorded (legacy manifest lines under the commit objects)."""
-        entries = self.read_legacy_manifest()
+    def commit_index(self) -> dict[tuple[int, str], str]:
+        """{(shard, fingerprint): commit object name}, from one listing (no object is read)."""
+        found = {}
+        for name in store.listing(self.fs, self.p(META, COMMITS)):
+            m = COMMIT.match(name)
+            if m:
+                found[(int(m.group(1)), m.group(2))] = name
+        return found
+
+    def _read_entries(self, names: list[str]) -> dict[int, ManifestEntry]:
         folder = self.p(META, COMMITS)
-        names = [n for n in store.listing(self.fs, folder) if COMMIT.match(n)]
+        entries = {}
         for path, raw in sorted(store.read_bytes(self.fs, [posixpath.join(folder, n) for n in names]).items()):
             entry = _entry(raw)
-            if entry is not None and COMMIT.match(posixpath.basename(path)).group(1) == f"{entry.shard:06d}":
+            if entry is not None and posixpath.basename(path) == commit_name(entry.shard, entry.fingerprint):
                 entries[entry.shard] = entry
         return entries
+
+    def read_commits(self) -> dict[int, ManifestEntry]:
+        """Every recorded commit by shard id (legacy manifest lines under the commit objects)."""
+        return {**self.read_legacy_manifest(), **self._read_entries(list(self.commit_index().values()))}
 
     read_manifest = read_commits  # the name earlier versions used
 
@@ -131,21 +143,32 @@ class OutputFolder:
         return sorted(n for n in (self.top() if top is None else top) if not written_by_fleetllm(n))
 
     def pending(self, shards: list[Shard], job_fp: str) -> tuple[list[Shard], dict[int, ManifestEntry]]:
-        """Shards still to compute, and the committed entries valid for this plan. Changes nothing."""
-        committed = self.read_commits()
+        """Shards still to compute, and the commits valid for this plan (their shard, file, rows and
+        fingerprint; read_commits or committed() has the counts). Lists, reads no commit object,
+        changes nothing."""
+        legacy = self.read_legacy_manifest()
+        index = self.commit_index()
         data = self.top()
         valid, todo = {}, []
         for shard in shards:
-            entry = committed.get(shard.shard_id)
-            if entry is not None and entry.fingerprint == shard_fingerprint(job_fp, shard) and entry.file in data:
-                valid[shard.shard_id] = entry
+            fp = shard_fingerprint(job_fp, shard)
+            file = part_name(shard.shard_id, self.fmt)
+            old = legacy.get(shard.shard_id)
+            if (shard.shard_id, fp) in index and file in data:
+                valid[shard.shard_id] = ManifestEntry(shard.shard_id, file, shard.rows, 0, 0, 0, fp, [])
+            elif old is not None and old.fingerprint == fp and old.file in data:
+                valid[shard.shard_id] = old
             else:
                 todo.append(shard)
         return todo, valid
 
     def committed(self, shards: list[Shard], job_fp: str) -> dict[int, ManifestEntry]:
-        """The commits of this plan (entries of other plans, e.g. before shard_rows changed, are not)."""
-        return self.pending(shards, job_fp)[1]
+        """The commits of this plan, as recorded (entries of other plans, e.g. before shard_rows
+        changed, are not)."""
+        valid = self.pending(shards, job_fp)[1]
+        index = self.commit_index()
+        names = [index[(s, e.fingerprint)] for s, e in valid.items() if (s, e.fingerprint) in index]
+        return {**valid, **self._read_entries(names)}
 
     # --- taking the folder -------------------------------------------------------------------
 
@@ -204,7 +227,7 @@ class OutputFolder:
         """Remove the commit objects, then the data parts, that are not this plan's valid commits
         (shards of other plans, uncommitted parts of killed runs), and temporary files."""
         folder = self.p(META, COMMITS)
-        keep = {commit_name(s) for s in valid}
+        keep = {commit_name(s, e.fingerprint) for s, e in valid.items()}
         store.remove(self.fs, [posixpath.join(folder, n) for n in store.listing(self.fs, folder) if n not in keep])
         parts = {e.file for e in valid.values()}
         store.remove(self.fs, [self.p(n) for n in self.top()
@@ -224,7 +247,9 @@ class OutputFolder:
 
     def _write_commit(self, entry: ManifestEntry) -> None:
         data = entry.to_json().encode()
-        store.write_atomic(self.fs, self.p(META, COMMITS, commit_name(entry.shard)), lambda fh: fh.write(data))
+        # not fsynced: a commit object lost or torn by a power loss only means its shard is computed again
+        store.write_atomic(self.fs, self.p(META, COMMITS, commit_name(entry.shard, entry.fingerprint)),
+                           lambda fh: fh.write(data), durable=False)
 
     def commit(self, entry: ManifestEntry, write_data) -> None:
         """Write the shard's data whole under its final name, then its commit object."""

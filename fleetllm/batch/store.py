@@ -64,21 +64,11 @@ def listing(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, dict[str, Any
     return found
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[Any], None]) -> None:
-    """Write `path` so that it exists whole or not at all (see the module docstring)."""
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[Any], None],
+                 durable: bool = True) -> None:
+    """Write `path` so that it exists whole or not at all (see the module docstring). On a local
+    disk `durable` fsyncs the data before the rename, so the file survives a power loss whole; the
+    rename is ordered by the file system's journal before any later one (a commit object)."""
     if is_object_store(fs):
         with fs.open(path, "wb") as fh:
             write(fh)
@@ -89,10 +79,10 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[Any]
         os.makedirs(folder, exist_ok=True)
         with open(tmp, "wb") as fh:
             write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(folder)  # the rename itself survives a power loss
         return
     fs.makedirs(folder, exist_ok=True)
     with fs.open(tmp, "wb") as fh:

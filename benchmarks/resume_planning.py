@@ -5,7 +5,7 @@ and each scale, the script writes the input, then measures `plan_job(spec)` (the
 `fleetllm run` makes: list files, plan shards, check columns, fingerprint, prepare the folder,
 read the manifest, decide which shards are pending) against an output folder with 0, half and all
 shards committed through the real commit path (`runner._commit_shard`: data part written
-atomically, manifest line appended). Each measurement runs in a fresh subprocess so its peak RSS
+whole, then its commit object). Each measurement runs in a fresh subprocess so its peak RSS
 is its own; the model is a placeholder folder (plan_job only stats model files, never loads them:
 the child checks that torch/transformers/vllm/ray were not imported).
 

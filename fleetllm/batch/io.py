@@ -16,6 +16,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fleetllm.batch import store
 from fleetllm.batch.plan import InputFile, Shard
 from fleetllm.errors import InputError
 
@@ -37,8 +38,9 @@ def file_format(path: str, declared: str) -> str:
 
 
 def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[str, str]]]:
-    """(filesystem, [(path, name relative to the input root)]) in a stable order."""
-    fs, root = fsspec.core.url_to_fs(path)
+    """(filesystem, [(URL, name relative to the input root)]) in a stable order. The URLs keep their
+    protocol (s3://, gs://, ...): Ray tasks on other nodes open them again."""
+    fs, root = store.open_url(path)
     if not fs.exists(root):
         raise InputError(f"input path {path!r} does not exist; check input.path")
     if fs.isdir(root):
@@ -46,8 +48,8 @@ def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, lis
         wanted = [p for p in found if declared != "auto" or os.path.splitext(p)[1].lower() in EXTENSIONS]
         if not wanted:
             raise InputError(f"input folder {path!r} holds no {sorted(EXTENSIONS)} files")
-        return fs, [(p, posixpath.relpath(p, root)) for p in wanted]
-    return fs, [(root, posixpath.basename(root))]
+        return fs, [(store.to_url(fs, p), posixpath.relpath(p, root)) for p in wanted]
+    return fs, [(store.to_url(fs, root), posixpath.basename(root))]
 
 
 def _line_offsets(fs, path: str, shard_rows: int) -> tuple[int, tuple[int, ...]]:
@@ -83,8 +85,9 @@ def _read_whole(fs, path: str, fmt: str) -> pa.Table:
 def describe_files(path: str, declared: str, shard_rows: int) -> list[InputFile]:
     fs, entries = list_files(path, declared)
     files = []
-    for p, rel in entries:
-        fmt = file_format(p, declared)
+    for url, rel in entries:
+        fmt = file_format(url, declared)
+        p = fs._strip_protocol(url)
         info = fs.info(p)
         mtime = str(info.get("mtime") or info.get("LastModified") or info.get("updated") or "")
         offsets: tuple[int, ...] = ()
@@ -95,23 +98,23 @@ def describe_files(path: str, declared: str, shard_rows: int) -> list[InputFile]
                 rows = pq.ParquetFile(fh).metadata.num_rows
         else:
             rows = _read_whole(fs, p, fmt).num_rows
-        files.append(InputFile(p, rel, int(info.get("size") or 0), mtime, rows, offsets))
+        files.append(InputFile(url, rel, int(info.get("size") or 0), mtime, rows, offsets))
     if not any(f.rows for f in files):
         raise InputError(f"input {path!r} has no rows")
     return files
 
 
-def read_shard(shard: Shard, declared: str, fs_url: str) -> list[dict[str, Any]]:
+def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[dict[str, Any]]:
     """The rows of one shard, each with `_line` (0-based row index in its file).
 
     A jsonl line that is not a JSON object becomes a row with `_input_error` set, so it is
     recorded with its error instead of failing the shard or being dropped.
     """
-    fs, _ = fsspec.core.url_to_fs(fs_url)
-    fmt = file_format(shard.path, declared)
+    fs, path = store.open_url(fs_url or shard.path)
+    fmt = file_format(path, declared)
     rows: list[dict[str, Any]] = []
     if fmt in LINE_FORMATS:
-        with fs.open(shard.path, "rb") as fh:
+        with fs.open(path, "rb") as fh:
             fh.seek(shard.offset)
             index = shard.start
             for line in fh:
@@ -131,11 +134,11 @@ def read_shard(shard: Shard, declared: str, fs_url: str) -> list[dict[str, Any]]
                 index += 1
         return rows
     if fmt == "parquet":
-        with fs.open(shard.path, "rb") as fh:
+        with fs.open(path, "rb") as fh:
             pf = pq.ParquetFile(fh)
             table = _parquet_range(pf, shard.start, shard.stop)
     else:
-        table = _read_whole(fs, shard.path, fmt).slice(shard.start, shard.rows)
+        table = _read_whole(fs, path, fmt).slice(shard.start, shard.rows)
     for k, row in enumerate(table.to_pylist()):
         row["_line"] = shard.start + k
         rows.append(row)
@@ -158,9 +161,10 @@ def _parquet_range(pf: pq.ParquetFile, start: int, stop: int) -> pa.Table:
 def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
     """The first rows of the first file, to check columns at plan time."""
     fs, entries = list_files(path, declared)
-    p, rel = entries[0]
-    fmt = file_format(p, declared)
-    shard = Shard(0, p, rel, 0, n, 0, "")
+    url, rel = entries[0]
+    fmt = file_format(url, declared)
+    shard = Shard(0, url, rel, 0, n, 0, "")
+    p = fs._strip_protocol(url)
     if fmt == "parquet":
         # A buffered stream without pre-buffering reads only the first pages; reading row group 0
         # whole would cost the whole file for files written with pyarrow's default (~1M-row groups).
@@ -170,7 +174,7 @@ def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
         return [] if batch is None else batch.to_pylist()
     if fmt not in LINE_FORMATS:
         return _read_whole(fs, p, fmt).slice(0, n).to_pylist()
-    return [r for r in read_shard(shard, declared, p) if "_input_error" not in r]
+    return [r for r in read_shard(shard, declared) if "_input_error" not in r]
 
 
 def sync(fh) -> None:
@@ -185,9 +189,6 @@ def sync(fh) -> None:
 
 
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write) -> None:
-    """Write to `path` through a temporary name, renamed into place when complete."""
-    tmp = f"{posixpath.dirname(path)}/.tmp-{posixpath.basename(path)}"
-    with fs.open(tmp, "wb") as fh:
-        write(fh)
-        sync(fh)
-    fs.mv(tmp, path)
+    """Write `path` whole or not at all (store.write_atomic: tmp + rename on file systems, one
+    PUT on object stores)."""
+    store.write_atomic(fs, path, write)

@@ -183,9 +183,7 @@ class OpenAIBatchWriter:
             fh.write((json.dumps(batch_line(row), ensure_ascii=False) + "\n").encode())
 
     def finalize(self, out, plan) -> None:
-        from fleetllm.batch.io import write_atomic
-
-        entries = sorted(out.read_manifest().values(), key=lambda e: e.shard)
+        entries = sorted(out.committed(plan.shards, plan.fingerprint).values(), key=lambda e: e.shard)
 
         def _route(want_errors: bool):
             def _write(fh):
@@ -196,5 +194,5 @@ class OpenAIBatchWriter:
                                 fh.write(line)
             return _write
 
-        write_atomic(out.fs, out.p("output.jsonl"), _route(False))
-        write_atomic(out.fs, out.p("errors.jsonl"), _route(True))
+        out.write_file("output.jsonl", _route(False))
+        out.write_file("errors.jsonl", _route(True))

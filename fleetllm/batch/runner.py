@@ -172,9 +172,10 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         existing = out.read_job()
         same = existing is not None and existing.get("fingerprint") == fp
         pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
-    else:
+    else:  # the caller holds the folder's lock (run_job)
         out.prepare(fp, parts, overwrite)
         pending, committed = out.pending(shards, fp)
+        out.discard_others(committed)  # other plans' shards are never read back mixed in
     rows_per_call = rows_per_engine_call(spec, engine)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
@@ -316,6 +317,15 @@ class ShardAssembler:
 
 def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
+    """Run a job; a real run holds the output folder's lock throughout (a second run refuses)."""
+    if dry_run:
+        return _run_job(spec, overwrite=overwrite, dry_run=True, max_error_rate=max_error_rate, console=console)
+    with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
+        return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate, console=console)
+
+
+def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
+             max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t0 = time.time()
     if dry_run:  # sized for the cluster when one is named, else for this machine
@@ -436,7 +446,7 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
                 out: OutputFolder) -> dict[str, Any]:
     import ray
 
-    committed = out.read_manifest()
+    committed = out.committed(plan.shards, plan.fingerprint)
     rows_total = sum(e.rows for e in committed.values())
     errors_total = sum(e.errors for e in committed.values())
     nodes = sorted({n for e in committed.values() for n in e.nodes})

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kill_mid_run import kill_after_commits
+from kill_mid_run import committed_shards, kill_after_commits
 
 import pyarrow.dataset as pads
 import yaml
@@ -82,10 +82,9 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, tiny_model):
                   sampling={"max_tokens": 16, "extra": {"min_tokens": 16}},
                   compute={"batch_size": 1, "cpus_per_replica": 1})
     job = write_job(tmp_path, **common)
-    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
-    code, stderr = kill_after_commits(["run", str(job)], manifest, commits=6, timeout_s=400)
+    code, stderr = kill_after_commits(["run", str(job)], tmp_path / "out", commits=6, timeout_s=400)
     assert code == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
-    committed = len(manifest.read_text().splitlines())
+    committed = committed_shards(tmp_path / "out")
     assert 6 <= committed < 12
 
     resumed = fleetllm("run", str(job), timeout=600)

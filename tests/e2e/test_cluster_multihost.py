@@ -140,8 +140,8 @@ def check_exactly_once(out: Path, report: dict) -> None:
     ids = [i for t in tables for i in t.column("row_id").to_pylist()]
     assert sorted(ids) == [f"r{i:03d}" for i in range(ROWS)]  # every input id, once
     assert [n for t in tables for n in t.column("num_generated_tokens").to_pylist()] == [16] * ROWS
-    manifest = [json.loads(l) for l in (out / "_fleetllm" / "manifest.jsonl").read_text().splitlines()]
-    assert sorted(e["shard"] for e in manifest) == list(range(SHARDS))  # each shard committed once
+    commits = [json.loads(p.read_text()) for p in sorted((out / "_fleetllm" / "commits").glob("shard-*.json"))]
+    assert sorted(e["shard"] for e in commits) == list(range(SHARDS))  # each shard committed once
     assert [p.name for p in out.rglob(".tmp-*")] == []  # no half-written file left behind
 
 
@@ -166,7 +166,7 @@ def test_worker_node_killed_mid_job_the_job_completes_exactly_once(cluster, tiny
     replica goes idle and frees its CPUs, and the driver's assembler keeps one copy of each row.
     Runs last in the module: the worker node is gone afterwards."""
     job, out = write_job(tmp_path, tiny_model, input_file, cluster.address, "node-dies")
-    manifest = out / "_fleetllm" / "manifest.jsonl"
+    commits = out / "_fleetllm" / "commits"
     proc = subprocess.Popen(
         cluster.pair.argv(cluster.pair.head, fleetllm_argv("run", str(job))), env=job_env(cluster), cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -175,8 +175,8 @@ def test_worker_node_killed_mid_job_the_job_completes_exactly_once(cluster, tiny
         committed: list[dict] = []
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            if manifest.exists():
-                committed = [json.loads(l) for l in manifest.read_text().splitlines() if l.strip()]
+            if commits.exists():
+                committed = [json.loads(p.read_text()) for p in commits.glob("shard-*.json")]
                 if len(committed) >= 4 and len({n for e in committed for n in e["nodes"]}) == 2:
                     break
             time.sleep(0.1)

@@ -16,7 +16,7 @@ import pyarrow.dataset as pads
 import yaml
 
 from fleetllm.testing.capacity_server import CapacityServer
-from kill_mid_run import kill_after_commits
+from kill_mid_run import committed_shards, kill_after_commits
 
 ROOT = Path(__file__).resolve().parents[2]
 # The served model id. org/name shaped so that it also plans on a runner that still resolves
@@ -51,14 +51,13 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def test_query_survives_503s_and_sigkill_then_resumes_exactly_once(tmp_path):
-    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
     # 2 shards in flight at a time, so shards commit one after another and the kill lands mid-run.
     with CapacityServer(capacity=8, latency_s=0.05, failure_rate=0.3, seed=11, model=MODEL) as first:
         spec = write_spec(tmp_path, first.base_url, batches_in_flight=2)
-        code, stderr = kill_after_commits(["query", str(spec)], manifest, commits=2, timeout_s=120)
+        code, stderr = kill_after_commits(["query", str(spec)], tmp_path / "out", commits=2, timeout_s=120)
         assert code == -signal.SIGKILL, f"the run ended before it could be killed: {stderr[-2000:]}"
         first_stats = first.stats()
-    committed = len(manifest.read_text().splitlines())
+    committed = committed_shards(tmp_path / "out")
     assert 2 <= committed < ROWS // SHARD_ROWS
 
     with CapacityServer(capacity=8, latency_s=0.05, failure_rate=0.3, seed=12, model=MODEL) as second:

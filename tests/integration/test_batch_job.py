@@ -129,11 +129,11 @@ def test_killed_engine_replica_is_restarted_exactly_once(ray_local, tiny_model, 
     result = {}
     runner = threading.Thread(target=lambda: result.update(run_job(spec)))
     runner.start()
-    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
+    commits = tmp_path / "out" / "_fleetllm" / "commits"
     killed = None
     deadline = time.time() + 300
     while time.time() < deadline and runner.is_alive() and killed is None:
-        if manifest.exists() and len(manifest.read_text().splitlines()) >= 1 and _engine_pids():
+        if commits.exists() and any(p.suffix == ".json" for p in commits.iterdir()) and _engine_pids():
             killed = _engine_pids()[0]
             os.kill(killed, signal.SIGKILL)
         time.sleep(0.2)

@@ -1,0 +1,118 @@
+"""Who owns the output folder: torn manifests, foreign files, concurrent runs, changed plans, dry runs.
+
+Each case asserts the exact rows read back (by row id, exactly once) and the report."""
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fleetllm.batch.folder_lock import FolderLocked
+from fleetllm.batch.runner import run_job
+from fleetllm.errors import PlanError
+from fleetllm.spec import JobSpec
+
+IDS = [f"r{i}" for i in range(8)]
+
+
+def spec_for(tiny_model, tmp_path, shard_rows=2, **over) -> JobSpec:
+    src = tmp_path / "in.jsonl"
+    if not src.exists():
+        src.write_text("".join(json.dumps({"id": i, "q": f"Question {i}?"}) + "\n" for i in IDS))
+    data = {"name": "own", "model": {"source": tiny_model, "engine": "transformers"},
+            "input": {"path": str(src), "id_column": "id"}, "prompt": {"template": "{q}"},
+            "sampling": {"max_tokens": 4}, "output": {"path": str(tmp_path / "out"), "shard_rows": shard_rows},
+            "compute": {"replicas": 1, "batch_size": 4}}
+    for key, value in over.items():
+        data[key] = {**data.get(key, {}), **value}
+    return JobSpec.model_validate(data)
+
+
+def row_ids(out: Path) -> list[str]:
+    """Every part file read back (as a reader of the folder would), sorted by id."""
+    tables = [pq.read_table(p) for p in sorted(out.glob("part-*.parquet"))]
+    return sorted(i for t in tables for i in t.column("row_id").to_pylist())
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_torn_manifest_line_of_an_earlier_version_loses_nothing(ray_local, tiny_model, tmp_path):
+    spec = spec_for(tiny_model, tmp_path)
+    run_job(spec)
+    out = tmp_path / "out"
+    # the folder as an earlier version left it when killed mid-append: manifest.jsonl, last line torn
+    commits = sorted((out / "_fleetllm" / "commits").glob("shard-*.json"))
+    lines = [p.read_text() for p in commits]
+    (out / "_fleetllm" / "manifest.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:30])
+    shutil.rmtree(out / "_fleetllm" / "commits")
+    (out / "run.json").unlink()
+
+    report = run_job(spec)
+    assert report["complete"] is True and report["rows"] == 8
+    assert report["rows_skipped"] == 6 and report["rows_computed"] == 2
+    assert row_ids(out) == IDS
+    assert not (out / "_fleetllm" / "manifest.jsonl").exists()
+    assert run_job(spec)["rows_skipped"] == 8  # and it resumes from the commit objects from now on
+
+
+def test_overwrite_refuses_a_folder_holding_foreign_files_and_lists_them(ray_local, tiny_model, tmp_path):
+    spec = spec_for(tiny_model, tmp_path)
+    run_job(spec)
+    out = tmp_path / "out"
+    pq.write_table(pa.table({"row_id": ["stranger"]}), out / "data.parquet")
+    before = tree(out)
+    for overwrite in (True, False):
+        with pytest.raises(PlanError, match=r"holds 1 file\(s\) fleetllm did not write: data.parquet"):
+            run_job(spec, overwrite=overwrite)
+    assert tree(out) == before  # nothing deleted, nothing written
+    (out / "data.parquet").unlink()
+    report = run_job(spec, overwrite=True)
+    assert report["rows_computed"] == 8 and report["rows_skipped"] == 0 and row_ids(out) == IDS
+
+
+def test_a_second_run_on_the_same_folder_refuses_naming_the_holder(ray_local, tiny_model, tmp_path):
+    slow = spec_for(tiny_model, tmp_path, sampling={"max_tokens": 24, "extra": {"min_tokens": 24}},
+                    compute={"batch_size": 1})
+    first: dict = {}
+    runner = threading.Thread(target=lambda: first.update(run_job(slow)))
+    runner.start()
+    lock = tmp_path / "out" / "_fleetllm" / "lock.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (lock.exists() and lock.read_text()):
+        time.sleep(0.05)
+    try:
+        with pytest.raises(FolderLocked, match=rf"in use by another fleetllm run \(host .*, pid {os.getpid()}, "):
+            run_job(slow)
+    finally:
+        runner.join(timeout=600)
+    assert first["complete"] is True and first["rows"] == 8 and row_ids(tmp_path / "out") == IDS
+    assert not lock.exists()
+
+
+def test_after_shard_rows_changes_only_the_new_plans_commits_count(ray_local, tiny_model, tmp_path):
+    run_job(spec_for(tiny_model, tmp_path, shard_rows=2))  # 4 shards
+    report = run_job(spec_for(tiny_model, tmp_path, shard_rows=3))  # 3 shards: 3 + 3 + 2
+    assert report["rows"] == 8 and report["shards"] == 3 and report["complete"] is True
+    assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == [f"part-00000{i}.parquet" for i in range(3)]
+    assert row_ids(tmp_path / "out") == IDS
+
+
+def test_a_dry_run_leaves_the_folder_byte_identical(ray_local, tiny_model, tmp_path):
+    run_job(spec_for(tiny_model, tmp_path))
+    out = tmp_path / "out"
+    (out / ".tmp-part-000009.parquet").write_bytes(b"half")
+    (out / "_fleetllm" / "lock.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    before = tree(out)
+    for spec in (spec_for(tiny_model, tmp_path), spec_for(tiny_model, tmp_path, input={"limit": 3}),
+                 spec_for(tiny_model, tmp_path, shard_rows=3)):
+        report = run_job(spec, dry_run=True)
+        assert report["dry_run"] is True
+    assert tree(out) == before

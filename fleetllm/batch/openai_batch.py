@@ -61,7 +61,7 @@ class OpenAIBatchPreprocessor:
     """Turn a Batch API request line into `messages`/`prompt` + `sampling_params`, or an `error`."""
 
     def __init__(self, defaults: dict[str, Any]) -> None:
-        self.defaults = {k: v for k, v in defaults.items() if k in ("max_tokens", "temperature", "top_p", "n")}
+        self.defaults = dict(defaults)  # the job's `sampling`: every line's defaults, its body overrides them
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)

@@ -27,3 +27,7 @@ class EngineError(FleetError):
 
 class RowError(FleetError):
     """One request cannot be served (recoverable: recorded on the row, the others go on)."""
+
+
+class RequestFailed(RowError):
+    """The engine failed while serving one request (a 500 for it), and it goes on serving the others."""

@@ -93,7 +93,9 @@ def template_fields(template: str) -> list[str]:
 
 
 class SamplingSpec(StrictModel):
-    max_tokens: int = Field(256, ge=1, description="Most tokens to generate per completion.")
+    max_tokens: int = Field(256, ge=1, description="Most tokens to generate per completion. Set, prompt + "
+                            "max_tokens must fit the model's context (else the row gets an error, as OpenAI and "
+                            "vLLM answer); left out, 256 capped to what the context leaves.")
     temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
     top_k: int | None = Field(None, ge=1, description="Sample from the k most likely tokens only.")
@@ -103,13 +105,22 @@ class SamplingSpec(StrictModel):
     logprobs: int | None = Field(None, ge=0, description="Return this many top log-probabilities.")
     extra: dict[str, Any] = Field(
         default_factory=dict,
-        description="Engine-specific sampling options passed unchanged (vLLM: ignore_eos, min_tokens, ...).",
+        description="More request fields (presence_penalty, logit_bias, vLLM's ignore_eos, min_tokens, ...); "
+        "each must be honoured by the job's engine (README: request fields), checked at plan time.",
     )
 
     def as_params(self) -> dict[str, Any]:
-        """The per-row `sampling_params` dict the engines read."""
+        """The sampling settings (the job's fingerprint and plan-time check)."""
         params = self.model_dump(exclude={"extra"}, exclude_none=True)
         params.update(self.extra)
+        return params
+
+    def request_params(self, engine: str | None = None) -> dict[str, Any]:
+        """The per-row `sampling_params` dict the engines read: max_tokens only when set (a set value must
+        fit the context; left out, the local engines cap their default to it). Engine openai always gets it."""
+        params = self.as_params()
+        if "max_tokens" not in self.model_fields_set and engine != "openai":
+            params.pop("max_tokens")
         return params
 
 

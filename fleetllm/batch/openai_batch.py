@@ -16,6 +16,8 @@ import json
 import time
 from typing import Any
 
+from fleetllm.errors import FleetError
+
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
@@ -48,29 +50,48 @@ def file_task(path: str, declared: str = "openai_batch") -> str:
     return next(iter(first), "generate")
 
 
-def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+# Body fields this file format reads itself; every other field goes through the field table
+# (fleetllm.engines.fields) and is honoured by the job's engine or refused on that line.
+BODY_FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
+               "stream")
+
+
+def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any], chat: bool = True) -> dict[str, Any]:
+    """A Batch line's body -> the engine's sampling dict. Nothing is dropped: fields other than the prompt
+    and `model` (echoed in the output) become sampling fields, checked here for types and ranges, and by
+    the engine for what it honours. Raises FieldError naming the field."""
+    from fleetllm.engines.fields import REQUEST_FIELDS, FieldError, check_sampling
+
     sampling = dict(defaults)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
-        sampling["max_tokens"] = int(max_tokens)
-    for key in ("temperature", "top_p", "seed", "n"):
-        if body.get(key) is not None:
-            sampling[key] = body[key]
-    stop = body.get("stop")
-    if stop is not None:
-        sampling["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("top_logprobs") is not None:
-        sampling["logprobs"] = int(body["top_logprobs"])
-    elif isinstance(body.get("logprobs"), int) and not isinstance(body.get("logprobs"), bool):
-        sampling["logprobs"] = body["logprobs"]
-    return sampling
+        sampling["max_tokens"] = max_tokens
+    if body.get("stream"):
+        raise FieldError("`stream: true` does not apply to a batch line; remove it", param="stream")
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if chat:
+        if top is not None and not logprobs:
+            raise FieldError("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise FieldError(f"`logprobs` must be true or false on {CHAT_URL}, got {logprobs!r}", param="logprobs")
+        if logprobs:
+            sampling["logprobs"] = 0 if top is None else top
+    elif logprobs is not None:
+        sampling["logprobs"] = logprobs
+    for key, value in body.items():
+        if key in BODY_FIELDS:
+            continue
+        if key in REQUEST_FIELDS:
+            raise FieldError(f"`{key}` is not read from a batch line ({REQUEST_FIELDS[key]}); remove it", param=key)
+        sampling[key] = value
+    return check_sampling(sampling, None)
 
 
 class OpenAIBatchPreprocessor:
     """Turn a Batch API request line into `messages`/`prompt` + `sampling_params`, or an `error`."""
 
     def __init__(self, defaults: dict[str, Any], task: str = "generate") -> None:
-        self.defaults = {k: v for k, v in defaults.items() if k in ("max_tokens", "temperature", "top_p", "n")}
+        self.defaults = dict(defaults)  # the job's `sampling`: every line's defaults, its body overrides them
         self.task = task
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -91,12 +112,15 @@ class OpenAIBatchPreprocessor:
                 row["_embed_inputs"], row["_embed_dimensions"] = embeddings_inputs(body)
                 return row
             if row["url"] == CHAT_URL:
-                row["messages"] = [dict(m) for m in body["messages"]]
+                from fleetllm.engines.chat import text_content  # text parts joined; other parts refused
+
+                row["messages"] = [{**m, "content": text_content(m.get("content"), f"body.messages[{i}].content")}
+                                   if isinstance(m, dict) else m for i, m in enumerate(body["messages"])]
             else:
                 prompt = body["prompt"]
                 row["prompt"] = prompt if isinstance(prompt, str) else "".join(prompt)
-            row["sampling_params"] = json.dumps(sampling_from_body(body, self.defaults))
-        except (ValueError, TypeError, KeyError) as exc:
+            row["sampling_params"] = json.dumps(sampling_from_body(body, self.defaults, row["url"] == CHAT_URL))
+        except (ValueError, TypeError, KeyError, FleetError) as exc:
             row["error"] = str(exc)
         return row
 
@@ -159,14 +183,20 @@ def batch_line(row: dict[str, Any]) -> dict[str, Any]:
     usage = {"prompt_tokens": row["num_input_tokens"], "completion_tokens": row["num_generated_tokens"],
              "total_tokens": row["num_input_tokens"] + row["num_generated_tokens"]}
     created = int(time.time())
-    if row.get("url") == CHAT_URL:
+    from fleetllm.serve.protocol import chat_logprobs, completion_logprobs
+
+    entries = json.loads(row["logprobs"]) if row.get("logprobs") else None  # the first completion's
+    chat = row.get("url") == CHAT_URL
+    first_lp = (chat_logprobs if chat else completion_logprobs)(entries)
+    if chat:
         choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
-                    "finish_reason": c["finish_reason"], "logprobs": None} for c in completions]
+                    "finish_reason": c["finish_reason"], "logprobs": first_lp if c["index"] == 0 else None}
+                   for c in completions]
         payload = {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created,
                    "model": body.get("model"), "choices": choices, "usage": usage}
     else:
-        choices = [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
-                   for c in completions]
+        choices = [{"index": c["index"], "text": c["text"], "finish_reason": c["finish_reason"],
+                    "logprobs": first_lp if c["index"] == 0 else None} for c in completions]
         payload = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
                    "model": body.get("model"), "choices": choices, "usage": usage}
     return {"id": f"batch_req_{rid}", "custom_id": custom_id,

@@ -29,7 +29,7 @@ from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
-from fleetllm.errors import InputError
+from fleetllm.errors import InputError, PlanError
 from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec, template_fields
 
@@ -144,6 +144,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         resources, sized_for = local_resources(), "this machine; a run sizes for the cluster it connects to"
     replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
     engine, reason = replica_plan.engine, replica_plan.description[0]
+    check_sampling_spec(spec, engine)
     if engine == "openai":  # a model behind an endpoint: nothing to look up or pull
         model = models.served(spec.model.source)
     elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
@@ -206,6 +207,15 @@ def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
 
         return task, read_model_info(model.path).dimensions
     return task, None
+def check_sampling_spec(spec: JobSpec, engine: str) -> None:
+    """The job's `sampling` against the field table (fleetllm.engines.fields) for its engine, at plan time."""
+    from fleetllm.engines.fields import FieldError, check_sampling
+
+    try:
+        check_sampling(spec.sampling.as_params(), engine)
+    except FieldError as exc:
+        raise PlanError(f"sampling: {exc}") from None
+
 
 def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
     """compute.batch_size; on engines that batch continuously, when batch_size is left at its default,
@@ -347,7 +357,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
-    preprocessor = make_preprocessor(spec, plan.task)
+    preprocessor = make_preprocessor(spec, plan.task, plan.engine)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     ready_at: list[float] = []
@@ -388,16 +398,17 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     return report
 
 
-def make_preprocessor(spec: JobSpec, task: str = "generate") -> Callable[[dict], dict]:
+def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None = None) -> Callable[[dict], dict]:
+    sampling = spec.sampling.request_params(engine)
     if spec.input.format == "openai_batch":
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(spec.sampling.as_params(), task)
+        return OpenAIBatchPreprocessor(sampling, task)
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 
         return EmbedPreprocessor(spec.prompt.template, spec.input.id_column)
-    return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, spec.sampling.as_params(),
+    return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, sampling,
                                 spec.input.id_column)
 
 

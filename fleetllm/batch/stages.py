@@ -207,4 +207,7 @@ class EngineStage:
             row["_started"] = started
             row["_finished"] = finished
             out.append(row)
+        if any("logprobs" in r for r in out):  # from_pylist takes its columns from the first row
+            for r in out:
+                r.setdefault("logprobs", None)
         return pa.Table.from_pylist(out)

@@ -182,6 +182,20 @@ class Engine(abc.ABC):
     def max_model_len(self) -> int | None:
         return None
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Size of the model's output vocabulary (bounds logit_bias ids and top_k); None when unknown."""
+        return None
+
+    def check_sampling(self, sampling: dict[str, Any] | None) -> dict[str, Any]:
+        """A request's sampling dict checked against the field table (fleetllm.engines.fields) for this
+        engine and the model's limits; raises FieldError (a RowError) naming the field."""
+        from fleetllm.engines.fields import check_model_limits, check_sampling
+
+        checked = check_sampling(sampling, self.name)
+        check_model_limits(checked, self.vocab_size)
+        return checked
+
 
 ENGINES = {
     "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",

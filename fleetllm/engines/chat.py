@@ -8,15 +8,43 @@ from fleetllm.engines.base import GenerationRequest
 from fleetllm.errors import RowError
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """Messages as plain dicts; Arrow hands struct lists over as numpy arrays of dicts."""
+def text_content(content: Any, where: str = "content") -> str | None:
+    """A message's content as text: a string, or a list of `{type: text, text}` parts joined. Any other
+    part type (image_url, input_audio, file...) is refused, naming it: fleetllm's local models read text
+    only, and a dropped image would leave the model answering about a picture it never saw."""
+    if content is None or isinstance(content, str):
+        return content
+    if hasattr(content, "tolist"):
+        content = content.tolist()
+    if not isinstance(content, list):
+        raise RowError(f"{where} must be a string or a list of content parts, got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise RowError(f"{where}[{j}] must be a content part object, got {part!r}")
+        kind = part.get("type")
+        if kind != "text":
+            raise RowError(f"{where}[{j}] is a content part of type {kind!r}; this model reads text only "
+                           "(content parts of type 'text'): remove the part or use a multimodal endpoint")
+        if not isinstance(part.get("text"), str):
+            raise RowError(f"{where}[{j}].text must be a string, got {part.get('text')!r}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def normalize_messages(messages: Any, text_only: bool = True) -> list[dict[str, Any]]:
+    """Messages as plain dicts; Arrow hands struct lists over as numpy arrays of dicts. With `text_only`
+    (the local engines), list content becomes text and non-text parts are refused (`text_content`)."""
     if messages is None or isinstance(messages, (str, bytes)):
         raise RowError("`messages` must be a list of {role, content} objects")
     out = []
-    for m in list(messages):
+    for i, m in enumerate(list(messages)):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise RowError(f"each message needs `role` and `content`; got {m!r}")
-        out.append({k: v for k, v in m.items() if v is not None})
+        m = {k: v for k, v in m.items() if v is not None}
+        if text_only and "content" in m:
+            m["content"] = text_content(m["content"], f"messages[{i}].content")
+        out.append(m)
     if not out:
         raise RowError("`messages` is empty")
     return out
@@ -33,3 +61,34 @@ def render_prompt(tokenizer, request: GenerationRequest, default_kwargs: dict[st
     return tokenizer.apply_chat_template(
         normalize_messages(request.messages), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def prompt_chars(request: GenerationRequest) -> int:
+    """Characters of a request's prompt text (the chat template adds more): cheap, before tokenizing."""
+    if request.messages is None:
+        return len(request.prompt or "")
+    total = 0
+    for m in list(request.messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif content is not None:
+            total += sum(len(p.get("text") or "") for p in list(content) if isinstance(p, dict)
+                         and isinstance(p.get("text"), str))
+    return total
+
+
+def max_chars_per_token(tokenizer) -> int:
+    """An upper bound of the characters one token covers (as vLLM's tokenizer.max_chars_per_token): a
+    prompt longer than context x this cannot fit, and is refused without tokenizing it."""
+    try:
+        return max(1, max(len(t) for t in tokenizer.get_vocab()))
+    except Exception:  # noqa: BLE001 - no vocabulary to read: no early check
+        return 1 << 30
+
+
+def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token: int) -> None:
+    chars = prompt_chars(request)
+    if chars > context * chars_per_token:
+        raise RowError(f"the prompt is {chars} characters, more than the model's context of {context} tokens "
+                       f"can hold (at most {chars_per_token} characters a token): shorten the prompt")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
 )
-from fleetllm.errors import EngineError, SpecError
+from fleetllm.errors import EngineError, RowError, SpecError
 from fleetllm.query.aimd import AIMDConfig, AIMDController
 from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
 
@@ -150,14 +150,18 @@ class OpenAIHTTPEngine(Engine):
 
     async def _one(self, request: GenerationRequest) -> GenerationResult:
         chat = request.messages is not None
-        args = openai_arguments(request.sampling, {**self.chat_template_kwargs,
+        try:  # the field table: what this engine sends, and the values' types and ranges
+            sampling = self.check_sampling(request.sampling)
+        except RowError as exc:
+            return GenerationResult.failed(str(exc))
+        args = openai_arguments(sampling, {**self.chat_template_kwargs,
                                                    **(request.chat_template_kwargs or {})}, chat)
         n = int(args.get("n", 1) or 1)
         try:
             if chat:
                 from fleetllm.engines.chat import normalize_messages
 
-                call = await self.client.chat(normalize_messages(request.messages), **args)
+                call = await self.client.chat(normalize_messages(request.messages, text_only=False), **args)
             else:
                 call = await self.client.complete(request.prompt, **args)
         except Exception as exc:  # a malformed row fails alone

@@ -19,17 +19,17 @@ from fleetllm.engines.base import (
     StreamDelta,
     clean_sampling,
 )
-from fleetllm.engines.chat import render_prompt
-from fleetllm.errors import EngineError
+from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
+from fleetllm.engines.fields import output_budget
+from fleetllm.errors import EngineError, RowError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
 OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s",
               "load_format")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the config's shape, as vLLM's load_format dummy
-# engine-specific sampling keys mapped onto generate() arguments.
-SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty"}
-SUPPORTED_SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs",
-                      "ignore_eos", *SAMPLING_MAP}
+# sampling keys mapped onto generate() arguments as they are (the fields this engine honours:
+# fleetllm.engines.fields; the others are mapped in `generate_kwargs`).
+SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetition_penalty", "min_p": "min_p"}
 
 
 class TransformersEngine(Engine):
@@ -73,6 +73,8 @@ class TransformersEngine(Engine):
         self._max_model_len = int(own.get("max_model_len") or context)
         self._torch = torch
         self._lock = threading.Lock()
+        self._vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+        self.chars_per_token = max_chars_per_token(self.tokenizer)
 
     @property
     def version(self) -> str:
@@ -83,6 +85,10 @@ class TransformersEngine(Engine):
     @property
     def max_model_len(self) -> int | None:
         return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(self, "_vocab_size", None)
 
     def stop(self) -> None:
         if getattr(self, "_batcher", None) is not None:
@@ -113,33 +119,52 @@ class TransformersEngine(Engine):
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
+    def prepare(self, request: GenerationRequest) -> tuple[list[int], dict[str, Any]]:
+        """(prompt ids, checked sampling with max_tokens) for a request; RowError when it cannot be served
+        (a refused or out-of-range field, a bad message, a prompt or max_tokens past the context)."""
+        sampling = self.check_sampling(request.sampling)
+        check_prompt_chars(request, self._max_model_len, self.chars_per_token)
+        try:
+            ids = self.tokenize(request)
+        except RowError:
+            raise
+        except Exception as exc:  # a bad chat template or message shape fails this row only
+            raise RowError(f"could not build the prompt: {exc}") from None
+        if len(ids) == 0:
+            raise RowError("the prompt is empty")
+        sampling["max_tokens"] = output_budget(sampling, len(ids), self._max_model_len)
+        return ids, sampling
+
+    def generate_kwargs(self, sampling: dict[str, Any], prompt_len: int) -> dict[str, Any]:
+        """generate() arguments for the fields beyond temperature/top_p/top_k/stop (one batch's settings)."""
+        kwargs: dict[str, Any] = {k2: sampling[k] for k, k2 in SAMPLING_MAP.items() if k in sampling}
+        if not float(sampling.get("temperature") or 0.0) > 0:
+            kwargs.pop("min_p", None)  # a sampling filter: greedy decoding ignores it (as vLLM does)
+        if sampling.get("logit_bias"):
+            kwargs["sequence_bias"] = {(int(t),): float(b) for t, b in sampling["logit_bias"].items()}
+        processors = []
+        if sampling.get("presence_penalty") or sampling.get("frequency_penalty"):
+            from fleetllm.engines.transformers_logits import penalty_processor
+
+            processors.append(penalty_processor(float(sampling.get("presence_penalty") or 0.0),
+                                                float(sampling.get("frequency_penalty") or 0.0), prompt_len))
+        if processors:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        return kwargs
+
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         results: list[GenerationResult | None] = [None] * len(requests)
         groups: dict[tuple, list[tuple[int, list[int], dict[str, Any]]]] = {}
         for i, req in enumerate(requests):
-            sampling = clean_sampling(req.sampling)
-            unknown = sorted(set(sampling) - SUPPORTED_SAMPLING)
-            if unknown:
-                results[i] = GenerationResult.failed(
-                    f"sampling option(s) {unknown} are not supported by the transformers engine; "
-                    f"supported: {sorted(SUPPORTED_SAMPLING)} (use engine: vllm for the others)")
-                continue
             try:
-                ids = self.tokenize(req)
-            except Exception as exc:  # a bad chat template or message shape fails this row only
-                results[i] = GenerationResult.failed(f"could not build the prompt: {exc}")
-                continue
-            max_tokens = int(sampling.get("max_tokens", 256))
-            if len(ids) == 0:
-                results[i] = GenerationResult.failed("the prompt is empty")
-                continue
-            if len(ids) + 1 > self._max_model_len:
-                results[i] = GenerationResult.failed(
-                    f"prompt is {len(ids)} tokens; the model's context is {self._max_model_len} tokens "
-                    "(max_model_len): shorten the prompt", num_input_tokens=len(ids))
+                ids, sampling = self.prepare(req)
+            except RowError as exc:
+                results[i] = GenerationResult.failed(str(exc))
                 continue
             key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
-            groups.setdefault(key, []).append((i, ids, {**sampling, "max_tokens": max_tokens}))
+            groups.setdefault(key, []).append((i, ids, sampling))
         with self._lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
@@ -185,9 +210,7 @@ class TransformersEngine(Engine):
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if sampling.get("stop"):
             gen_kwargs.update(stop_strings=list(sampling["stop"]), tokenizer=tok)
-        for key, target in SAMPLING_MAP.items():
-            if key in sampling:
-                gen_kwargs[target] = sampling[key]
+        gen_kwargs.update(self.generate_kwargs(sampling, batch["input_ids"].shape[1]))
         eos_ids = self._eos_ids()
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None

@@ -27,15 +27,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from fleetllm.engines.base import GenerationRequest, StreamDelta, clean_sampling
-from fleetllm.errors import EngineError, RowError
+from fleetllm.engines.base import GenerationRequest, StreamDelta
+from fleetllm.engines.chat import prompt_chars
+from fleetllm.errors import EngineError, RequestFailed, RowError
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetllm.engines.transformers_engine import TransformersEngine
 
 # sampling keys that must be equal for rows to share one generate() call (stop and max_tokens are per row)
 BATCH_KEYS = ("temperature", "top_p", "top_k", "n", "seed", "logprobs", "ignore_eos", "min_tokens",
-              "repetition_penalty")
+              "repetition_penalty", "min_p", "presence_penalty", "frequency_penalty", "logit_bias")
+# Prompts longer than this (characters) are templated and tokenized in a worker thread, not on the
+# caller's event loop (a 5 MB prompt took seconds there, stalling every other request of the replica).
+OFFLOAD_CHARS = 32_768
 _END = object()
 
 
@@ -116,30 +120,12 @@ class StreamBatcher:
 
     # --- the caller's side (asyncio) -------------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> StreamRequest:
+    def submit(self, request: GenerationRequest, prepared: tuple[list[int], dict[str, Any]] | None = None
+               ) -> StreamRequest:
         """Validate and enqueue; raises RowError for a request that cannot be served."""
         if not self.alive:
             raise EngineError(f"the transformers streaming loop is not running ({self.error!r})")
-        from fleetllm.engines.transformers_engine import SUPPORTED_SAMPLING
-
-        sampling = clean_sampling(request.sampling)
-        unknown = sorted(set(sampling) - SUPPORTED_SAMPLING)
-        if unknown:
-            raise RowError(f"sampling option(s) {unknown} are not supported by the transformers engine; "
-                           f"supported: {sorted(SUPPORTED_SAMPLING)}")
-        try:
-            ids = self.engine.tokenize(request)
-        except RowError:
-            raise
-        except Exception as exc:  # a bad chat template or message shape
-            raise RowError(f"could not build the prompt: {exc}") from None
-        context = self.engine.max_model_len or 0
-        if not ids:
-            raise RowError("the prompt is empty")
-        if len(ids) + 1 > context:
-            raise RowError(f"prompt is {len(ids)} tokens; the model's context is {context} tokens "
-                           "(max_model_len): shorten the prompt")
-        sampling["max_tokens"] = int(sampling.get("max_tokens", 256))
+        ids, sampling = prepared or self.engine.prepare(request)
         sampling["n"] = int(sampling.get("n", 1))
         if sampling["n"] > self.max_batch_size:
             raise RowError(f"n={sampling['n']} exceeds the engine's max_batch_size {self.max_batch_size}")
@@ -151,7 +137,10 @@ class StreamBatcher:
         return req
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
-        req = self.submit(request)
+        prepared = None
+        if prompt_chars(request) > OFFLOAD_CHARS:  # tokenize a long prompt off the event loop
+            prepared = await asyncio.to_thread(self.engine.prepare, request)
+        req = self.submit(request, prepared)
         finished = False
         try:
             while True:
@@ -263,10 +252,10 @@ class StreamBatcher:
                               top_k=int(sampling.get("top_k") or 0))
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if sampling.get("min_tokens"):
-            gen_kwargs["min_new_tokens"] = int(sampling["min_tokens"])
-        if sampling.get("repetition_penalty"):
-            gen_kwargs["repetition_penalty"] = float(sampling["repetition_penalty"])
+        extra = engine.generate_kwargs(sampling, batch["input_ids"].shape[1])
+        if "logits_processor" in extra and want_logprobs:  # the penalties first, then the record of logprobs
+            extra["logits_processor"].append(RecordLogprobs())
+        gen_kwargs.update(extra)
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
         self.stats.running += len(members)
@@ -277,9 +266,9 @@ class StreamBatcher:
                 if sampling.get("seed") is not None:
                     torch.manual_seed(int(sampling["seed"]))
                 engine.model.generate(**batch, **gen_kwargs)
-        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             for req in members:
-                req.push(EngineError(f"generation failed: {exc}"))
+                req.push(RequestFailed(f"generation failed: {type(exc).__name__}: {exc}"))
         finally:
             self.stats.running -= len(members)
         for row in rows:  # rows the loop never finished (e.g. generate stopped early)

@@ -33,15 +33,17 @@ from fleetllm.engines.base import (
     StreamDelta,
     clean_sampling,
 )
-from fleetllm.engines.chat import render_prompt
+from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, prompt_chars, render_prompt
+from fleetllm.engines.fields import output_budget
 from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
-from fleetllm.errors import EngineError, RowError
+from fleetllm.errors import EngineError, RequestFailed, RowError
 
 # Defaults applied only when the user's engine_kwargs leave them out.
 DEFAULT_MAX_TOKENS = 256  # same default as the transformers engine (vLLM's own is 16)
 CPU_KV_CACHE_BYTES = 1 << 30  # on CPU: 1 GiB of KV cache unless kv_cache_memory_bytes/VLLM_CPU_KVCACHE_SPACE say
-# SamplingParams fields the engine sets itself.
-MANAGED_SAMPLING = {"output_kind"}
+# Prompts longer than this (characters) are templated and tokenized in a worker thread when streaming,
+# not on the caller's event loop (a 5 MB prompt stalled every other request of the replica for seconds).
+OFFLOAD_CHARS = 32_768
 
 
 def to_plain(value: Any) -> Any:
@@ -115,8 +117,6 @@ class VLLMEngine(Engine):
             raise EngineError(f"engine_kwargs {unknown} are not vLLM engine arguments; check the spelling "
                               "(see `vllm serve --help` for the list)")
         self._sampling_cls = SamplingParams
-        self._sampling_fields = {f for f in SamplingParams.__struct_fields__ if not f.startswith("_")}
-        self._sampling_fields -= MANAGED_SAMPLING
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetllm-vllm", daemon=True)
         self._thread.start()
@@ -138,6 +138,8 @@ class VLLMEngine(Engine):
             raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
         self.tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
+        self._vocab_size = int(self._llm.model_config.get_vocab_size())
+        self.chars_per_token = max_chars_per_token(self.tokenizer)
         # The start-up heap (torch, vLLM, Ray, Arrow: millions of objects) leaves the garbage collector,
         # as vLLM's API server does after start-up: otherwise a full collection walks it under the GIL
         # (0.5-0.9 s on the 2-core CPU), and one fell while a shard was being handed to vLLM.
@@ -185,6 +187,10 @@ class VLLMEngine(Engine):
     def max_model_len(self) -> int | None:
         return getattr(self, "_max_model_len", None)
 
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(self, "_vocab_size", None)
+
     def num_unfinished_requests(self) -> int:
         """Requests vLLM holds right now (0 when idle; used to check that aborts reach vLLM)."""
         return int(self._run(self._count()))
@@ -204,19 +210,13 @@ class VLLMEngine(Engine):
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
     def sampling_params(self, sampling: dict[str, Any] | None, num_prompt_tokens: int, delta: bool = False):
-        """Map a row's sampling dict onto vLLM SamplingParams; raises RowError for a bad option."""
+        """Map a row's sampling dict onto vLLM SamplingParams; raises RowError (FieldError) for a field the
+        table refuses, a value out of range, or a max_tokens the context cannot hold."""
         from vllm.sampling_params import RequestOutputKind
 
-        params = {k: to_plain(v) for k, v in clean_sampling(sampling).items()}
-        unknown = sorted(set(params) - self._sampling_fields)
-        if unknown:
-            raise RowError(f"sampling option(s) {unknown} are not vLLM SamplingParams fields; check the "
-                           f"spelling (known: {', '.join(sorted(self._sampling_fields))})")
-        params.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
+        params = self.check_sampling({k: to_plain(v) for k, v in clean_sampling(sampling).items()})
         params.setdefault("temperature", 0.0)
-        room = self._max_model_len - num_prompt_tokens
-        if isinstance(params["max_tokens"], int):
-            params["max_tokens"] = min(params["max_tokens"], room)  # cap so prompt + output fits the context
+        params["max_tokens"] = output_budget(params, num_prompt_tokens, self._max_model_len, DEFAULT_MAX_TOKENS)
         params["output_kind"] = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         try:
             return self._sampling_cls(**params)
@@ -224,6 +224,9 @@ class VLLMEngine(Engine):
             raise RowError(f"invalid sampling options {clean_sampling(sampling)}: {exc}") from None
 
     def _prepare(self, request: GenerationRequest, delta: bool = False) -> tuple[list[int], Any]:
+        self.check_sampling({k: to_plain(v) for k, v in clean_sampling(request.sampling).items()})
+        if request.prompt_token_ids is None:
+            check_prompt_chars(request, self._max_model_len, self.chars_per_token)
         try:
             ids = self.prompt_token_ids(request)
         except RowError:
@@ -237,6 +240,18 @@ class VLLMEngine(Engine):
                            "(max_model_len): shorten the prompt or raise engine_kwargs.max_model_len")
         return ids, self.sampling_params(request.sampling, len(ids), delta)
 
+    def _failure(self, exc: Exception) -> Exception:
+        """What a vLLM exception means: EngineDeadError (or an errored engine) is the engine's failure, fatal
+        for the replica; EngineGenerateError is one request's failure (a 500 for it, the engine goes on);
+        anything else (vLLM's validation: ValueError, VLLMValidationError) is the request's fault (a 400)."""
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        if isinstance(exc, EngineDeadError) or self._llm is None or self._llm.errored:
+            return EngineError(f"the vLLM engine died: {exc}")
+        if isinstance(exc, EngineGenerateError):
+            return RequestFailed(f"vLLM failed on this request: {exc.__cause__ or exc}")
+        return RowError(f"vLLM refused the request: {exc}")
+
     def _request_id(self, request: GenerationRequest) -> str:
         return f"{request.request_id or 'row'}-{self._id_prefix}-{next(self._id_counter)}"
 
@@ -246,9 +261,10 @@ class VLLMEngine(Engine):
             async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
                 final = out
         except Exception as exc:
-            if self._llm is None or self._llm.errored:
-                raise EngineError(f"the vLLM engine died: {exc}") from exc
-            return GenerationResult.failed(f"vLLM refused the request: {exc}", num_input_tokens=len(ids))
+            failure = self._failure(exc)
+            if isinstance(failure, EngineError):
+                raise failure from exc
+            return GenerationResult.failed(str(failure), num_input_tokens=len(ids))
         if final is None:
             return GenerationResult.failed("vLLM returned no output", num_input_tokens=len(ids))
         completions: list[Completion] = []
@@ -295,7 +311,10 @@ class VLLMEngine(Engine):
         """
         if self._llm is None:
             raise EngineError("the vLLM engine is not started; call start() first")
-        ids, params = self._prepare(request, delta=True)
+        if prompt_chars(request) > OFFLOAD_CHARS:  # template and tokenize a long prompt off the event loop
+            ids, params = await asyncio.to_thread(self._prepare, request, True)
+        else:
+            ids, params = self._prepare(request, delta=True)
         caller = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -319,9 +338,7 @@ class VLLMEngine(Engine):
                 if item is done:
                     return
                 if isinstance(item, Exception):
-                    if self._llm is None or self._llm.errored:
-                        raise EngineError(f"the vLLM engine died: {item}") from item
-                    raise RowError(f"vLLM refused the request: {item}") from item
+                    raise self._failure(item) from item
                 for out in item.outputs:
                     counts[out.index] = counts.get(out.index, 0) + len(out.token_ids)
                     finish = out.finish_reason if out.finish_reason in ("stop", "length") else None

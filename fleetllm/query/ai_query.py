@@ -246,6 +246,12 @@ def _check_arguments(ds, model, prompt_col, messages_col, output_col, options, c
     if bad:
         raise SpecError(f"options may not set {bad}: ai_query sets model and the prompt itself and does not "
                         "stream; remove them")
+    from fleetllm.engines.fields import FieldError, check_sampling
+
+    try:  # the one field table (fleetllm.engines.fields): what engine openai sends, with types and ranges
+        check_sampling(options, "openai")
+    except FieldError as exc:
+        raise SpecError(f"options: {exc}") from None
     if options.get("n", 1) != 1:
         raise SpecError(f"options n={options['n']!r}: ai_query returns one completion per row; use n=1")
     columns = ds.columns()

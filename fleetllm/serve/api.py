@@ -252,7 +252,7 @@ def build_payload(req, endpoint: str) -> dict[str, Any]:
     """The backend payload: messages or prompt, the engine's sampling dict, chat template variables."""
     payload: dict[str, Any] = {"sampling": req.engine_sampling(), "request_id": new_id("req")}
     if endpoint == "chat":
-        payload["messages"] = [m.plain() for m in req.messages]
+        payload["messages"] = [m.plain(i) for i, m in enumerate(req.messages)]
         payload["chat_template_kwargs"] = req.chat_template_kwargs or {}
     else:
         payload["prompt"] = req.prompt

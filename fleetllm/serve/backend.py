@@ -16,7 +16,8 @@ import time
 from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import Engine, GenerationRequest
-from fleetllm.errors import EngineError, FleetError, RowError
+from fleetllm.engines.fields import FieldError
+from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
@@ -43,8 +44,8 @@ class Backend(Protocol):
     async def healthy(self) -> bool: ...
 
 
-def error_item(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"status": status, "message": message, "code": code}}
+def error_item(status: int, message: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"status": status, "message": message, "code": code, "param": param}}
 
 
 class ModelServer:
@@ -149,9 +150,13 @@ class ModelServer:
                 async for delta in self.engine.generate_stream(request):
                     buf.append(dataclasses.asdict(delta))
                     wake.set()
+            except RequestFailed as exc:  # the engine failed on this request only: it goes on serving
+                state["error"] = error_item(500, str(exc), "request_failed")
+            except FieldError as exc:
+                state["error"] = error_item(400, str(exc), param=exc.param)
             except (RowError, ValueError) as exc:
                 state["error"] = error_item(400, str(exc))
-            except EngineError as exc:
+            except EngineError as exc:  # only this marks the replica dead (Ray Serve restarts it)
                 self.fatal = str(exc)
                 state["error"] = error_item(503, str(exc), "engine_error")
             except FleetError as exc:
@@ -240,4 +245,4 @@ def raise_item_error(items: list[dict[str, Any]]) -> None:
         if err:
             status = int(err["status"])
             kind = {400: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
-            raise APIError(status, err["message"], type=kind, code=err.get("code"))
+            raise APIError(status, err["message"], type=kind, param=err.get("param"), code=err.get("code"))

@@ -1,7 +1,8 @@
 """OpenAI request and response models (the subset fleetllm serves), and OpenAI-shaped errors.
 
-Requests accept unknown fields (OpenAI clients send new ones all the time) but check the types of
-the fields we read; responses are built from these models and dumped without unset optionals.
+Requests parse every field; the ones fleetllm does not read itself go, with the sampling fields, through
+the one field table (fleetllm.engines.fields): honoured by the engine, or a 400 naming the field. Responses
+are built from these models and dumped without unset optionals.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class _RequestBase(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, ge=-1)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -79,10 +80,18 @@ class _RequestBase(BaseModel):
         return None
 
     def engine_sampling(self) -> dict[str, Any]:
-        """The engine's sampling dict (unset values left out)."""
+        """The engine's sampling dict (unset values left out): the sampling fields and every field this
+        model does not declare, checked against the field table (types, ranges; the engine refuses what it
+        does not honour). Raises APIError 400 naming the field."""
+        from fleetllm.engines.fields import FieldError, check_sampling
+
         params = {k: getattr(self, k) for k in self.SAMPLING_FIELDS}
         params.update(max_tokens=self.output_limit(), logprobs=self.logprobs_count())
-        return {k: v for k, v in params.items() if v is not None}
+        params.update(self.model_extra or {})
+        try:
+            return check_sampling(params, None)
+        except FieldError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
 
 
 class ChatMessage(BaseModel):
@@ -90,10 +99,17 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
-    def plain(self) -> dict[str, Any]:
-        content = self.content
-        if isinstance(content, list):  # [{type: text, text: ...}] parts -> one string
-            content = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    def plain(self, index: int = 0) -> dict[str, Any]:
+        """{role, content} with text content ([{type: text, text}] parts joined); a non-text part (the
+        served models read text only) or a part whose text is not a string is a 400 naming it."""
+        from fleetllm.engines.chat import text_content
+        from fleetllm.errors import RowError
+
+        where = f"messages[{index}].content"
+        try:
+            content = text_content(self.content, where)
+        except RowError as exc:
+            raise APIError(400, str(exc), param=where) from None
         return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
 
 

@@ -11,7 +11,7 @@ from fleetllm.cli import main
 from fleetllm.engines.transformers_stream import _held_back
 from fleetllm.errors import SpecError
 from fleetllm.serve import LLMConfig
-from fleetllm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from fleetllm.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from fleetllm.serve.spec import ServeSpec, load_serve_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,8 +81,13 @@ def test_dry_run_prints_the_plan(capsys):
 def test_request_models_check_types_and_ranges():
     ok = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
                                                "max_completion_tokens": 5, "stop": "x", "logprobs": True,
-                                               "top_logprobs": 2, "unknown_new_field": 1})
+                                               "top_logprobs": 2})
     assert ok.engine_sampling() == {"n": 1, "max_tokens": 5, "stop": ["x"], "logprobs": 2}
+    unknown = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}],
+                                                    "unknown_new_field": 1})
+    with pytest.raises(APIError, match="`unknown_new_field` is not a request field fleetllm knows") as err:
+        unknown.engine_sampling()  # nothing is dropped silently (fleetllm.engines.fields)
+    assert err.value.status == 400 and err.value.param == "unknown_new_field"
     for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
                 {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
                 {"messages": [{"role": "robot", "content": "x"}]}):

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from fleetllm.engines.base import GenerationRequest, GenerationResult
-from fleetllm.errors import FleetError
+from fleetllm.errors import EndpointError, FleetError
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
@@ -34,16 +34,21 @@ class TemplatePreprocessor:
         row = dict(row)
         row["row_id"] = self._row_id(row)
         row["error"] = row.pop("_input_error", None)
-        row.setdefault("sampling_params", self.sampling_json)
+        sampling = row.get("sampling_params")  # a row's own sampling (JSON text or a dict), else the job's
+        row["sampling_params"] = self.sampling_json if sampling is None else (
+            sampling if isinstance(sampling, str) else json.dumps(sampling, default=str))
         if row["error"] is not None:
             return row
         try:
             if self.template is not None:
                 messages = [{"role": "user", "content": render_template(self.template, row)}]
             elif row.get("messages") is not None:
-                messages = [dict(m) for m in row["messages"]]
+                messages = checked_messages(row["messages"])
             elif row.get("prompt") is not None:
-                if not str(row["prompt"]).strip():
+                if isinstance(row["prompt"], (dict, list)):
+                    raise FleetError(f"`prompt` must be text, not a {type(row['prompt']).__name__}")
+                row["prompt"] = str(row["prompt"])
+                if not row["prompt"].strip():
                     raise FleetError("the prompt is empty")
                 return row
             else:
@@ -53,6 +58,8 @@ class TemplatePreprocessor:
             row["messages"] = messages
         except FleetError as exc:
             row["error"] = str(exc)
+        except Exception as exc:  # rows are data: any value makes a row error, never a failed task
+            row["error"] = f"invalid row: {type(exc).__name__}: {exc}"
         return row
 
     def _row_id(self, row: dict[str, Any]) -> str:
@@ -61,6 +68,27 @@ class TemplatePreprocessor:
             if value is not None:
                 return str(value)
         return f"{row.get('_file', '')}:{row['_line']}" if "_file" in row else str(row["_line"])
+
+
+def checked_messages(value: Any) -> list[dict[str, Any]]:
+    """A row's `messages` (a list, or its JSON text where the column mixes types) as a list of
+    {role, content} dicts; FleetError naming what is wrong otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise FleetError("`messages` is text that is not JSON; give a list of {role, content} objects") from None
+    if not isinstance(value, list) or not value:
+        raise FleetError(f"`messages` must be a non-empty list of {{role, content}} objects, not {value!r:.80}")
+    messages = []
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise FleetError(f"messages[{k}] must be an object with a text `role`, not {m!r:.80}")
+        content = m.get("content")
+        if not isinstance(content, (str, list)):
+            raise FleetError(f"messages[{k}].content must be text or a list of parts, not {content!r:.80}")
+        messages.append({key: v for key, v in m.items() if v is not None})
+    return messages
 
 
 def render_template(template: str, row: dict[str, Any]) -> str:
@@ -109,6 +137,8 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
     """
     try:
         return engine_generate(requests), [1] * len(requests)
+    except EndpointError:
+        raise  # not the rows' fault: the job stops, the rows are not committed
     except Exception as exc:  # the batch failed as a whole: isolate the failing rows
         batch_error = exc
     results, attempts = [], []
@@ -120,6 +150,8 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
                 results.append(engine_generate([req])[0])
                 attempts.append(attempt + 1)
                 break
+            except EndpointError:
+                raise
             except Exception as exc:
                 error = exc
         else:

@@ -27,3 +27,8 @@ class EngineError(FleetError):
 
 class RowError(FleetError):
     """One request cannot be served (recoverable: recorded on the row, the others go on)."""
+
+
+class EndpointError(EngineError):
+    """The endpoint fails every row for a reason that is not the row's (the api key is refused, the
+    model is not served, the endpoint cannot be reached): the job stops and commits nothing for them."""

@@ -1,7 +1,9 @@
 """Pipeline stages: rows -> requests (preprocess), requests -> results (the engine stage).
 
 Stage inputs: a row carries either `messages` (a list of {role, content}) or `prompt` (text), and
-optionally `sampling_params` (a dict). A row whose preparation failed carries `error` and skips the
+optionally `sampling_params` (a dict). The job's preprocessor hands the engine stage `_messages`, the
+messages as JSON text, so the column has one Arrow type whatever the rows hold (content text in one
+row, content parts in another); the input's own `messages` column is left as it was read. A row whose preparation failed carries `error` and skips the
 engine; it is still written, so no row is ever dropped.
 """
 
@@ -17,7 +19,7 @@ from fleetllm.errors import EndpointError, FleetError
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
-                    "sampling_params", "_prompt_token_ids")
+                    "sampling_params", "_prompt_token_ids", "_messages")
 
 
 class TemplatePreprocessor:
@@ -55,7 +57,7 @@ class TemplatePreprocessor:
                 raise FleetError("the row has no `messages` or `prompt` column and the job has no prompt.template")
             if self.system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system})
-            row["messages"] = messages
+            row["_messages"] = json.dumps(messages, ensure_ascii=False)
         except FleetError as exc:
             row["error"] = str(exc)
         except Exception as exc:  # rows are data: any value makes a row error, never a failed task
@@ -119,7 +121,8 @@ def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] |
     sampling = row.get("sampling_params") or {}
     if isinstance(sampling, str):
         sampling = json.loads(sampling)
-    messages = row.get("messages")
+    messages = row.get("_messages")  # the job's preprocessor: JSON text; a user's preprocess: `messages`
+    messages = json.loads(messages) if isinstance(messages, str) else row.get("messages")
     prompt = row.get("prompt") if messages is None else None
     return GenerationRequest(messages=messages, prompt=prompt, sampling=dict(sampling),
                              chat_template_kwargs=dict(chat_template_kwargs or {}),

@@ -31,3 +31,6 @@ class RowError(FleetError):
 
 class RequestFailed(RowError):
     """The engine failed while serving one request (a 500 for it), and it goes on serving the others."""
+class EndpointError(EngineError):
+    """The endpoint fails every row for a reason that is not the row's (the api key is refused, the
+    model is not served, the endpoint cannot be reached): the job stops and commits nothing for them."""

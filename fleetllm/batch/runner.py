@@ -22,6 +22,8 @@ from rich.console import Console
 from fleetllm import __version__
 from fleetllm import sizing
 from fleetllm.batch import io as bio
+from fleetllm.batch.columns import conform_row, conform_table, describe as describe_columns, input_key as columns_key
+from fleetllm.batch.columns import record as record_columns, recorded as recorded_columns
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
 from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
 from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
@@ -29,7 +31,7 @@ from fleetllm.batch.plan import Shard, plan_shards, shard_fingerprint
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
-from fleetllm.errors import InputError, PlanError
+from fleetllm.errors import EndpointError, InputError, PlanError
 from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec, template_fields
 
@@ -52,6 +54,7 @@ class JobPlan:
     rows_per_call: int = 16  # rows per engine call (a whole shard on vllm/openai by default)
     task: str = "generate"  # "embed": the replicas embed (spec.task, or the OpenAI Batch lines' url)
     embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
+    columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
 
     @property
     def replicas(self) -> int:
@@ -156,6 +159,11 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)
     task, embedding_dims = job_task(spec, model, engine)
+    key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
+    columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
+    planned_now = columns is None
+    if planned_now:
+        columns = bio.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
@@ -167,6 +175,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         prompt=prompt_parts,
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
+    parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
     fp = fingerprint(parts)
     out = OutputFolder(spec.output.path, spec.output.format)
     if dry_run:
@@ -175,12 +184,14 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
     else:  # the caller holds the folder's lock (run_job)
         out.prepare(fp, parts, overwrite)
+        if planned_now:
+            record_columns(spec.output.path, key, columns)
         pending, committed = out.pending(shards, fp)
         out.discard_others(committed)  # other plans' shards are never read back mixed in
     rows_per_call = rows_per_engine_call(spec, engine)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims)
+                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns)
 
 
 def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
@@ -207,6 +218,8 @@ def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
 
         return task, read_model_info(model.path).dimensions
     return task, None
+
+
 def check_sampling_spec(spec: JobSpec, engine: str) -> None:
     """The job's `sampling` against the field table (fleetllm.engines.fields) for its engine, at plan time."""
     from fleetllm.engines.fields import FieldError, check_sampling
@@ -248,7 +261,8 @@ def init_ray(address: str | None, min_cpus: float = 1) -> None:
     ctx.verbose_progress = False
 
 
-def _read_shard_rows(item: dict[str, Any], declared: str) -> list[dict[str, Any]]:
+def _read_shard_rows(item: dict[str, Any], declared: str, columns=None) -> list[dict[str, Any]]:
+    """A shard's rows, each value as the job's column plan types it (so every block agrees)."""
     shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
     rows = bio.read_shard(shard, declared, shard.path)
     for row in rows:
@@ -256,6 +270,8 @@ def _read_shard_rows(item: dict[str, Any], declared: str) -> list[dict[str, Any]
         row["_file"] = shard.rel
         if declared == "openai_batch" and "body" in row and not isinstance(row["body"], str):
             row["body"] = json.dumps(row["body"])  # bodies differ in shape: keep them as text in Arrow
+        if columns is not None:
+            conform_row(row, columns)
     return rows
 
 
@@ -285,7 +301,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     items = [s.to_dict() for s in plan.pending]
     declared = spec.input.format
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
+    ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
     # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
     # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
@@ -348,6 +364,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         for line in plan.describe():
             print(line)
         return {"dry_run": True, "plan": plan.describe()}
+    preflight(spec)  # before Ray starts: what would otherwise fail after minutes, or every row
     # Connect (or start a local Ray), wait for late nodes, then size the replicas to what is there.
     c = spec.compute
     init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
@@ -382,6 +399,13 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                         totals[k] += getattr(entry, k)
                     progress.advance(entry.rows, entry.output_tokens, entry.errors)
                     last_commit = time.time()
+    except Exception as exc:
+        cause = endpoint_cause(exc)
+        if cause is None:
+            raise
+        done = len(out.read_manifest())
+        raise EndpointError(f"{cause}. The job stopped: {done} of {len(plan.shards)} shard(s) are committed; "
+                            "the rows of the others were not, and the next run computes them") from None
     finally:
         progress.close()
     wall = time.time() - t0
@@ -396,6 +420,42 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     rate = report["error_rate"]
     report["ok"] = max_error_rate is None or rate <= max_error_rate
     return report
+
+
+def preflight(spec: JobSpec) -> None:
+    """Checks that need no Ray: the output folder can be written (a local one); an openai endpoint
+    accepts the job's key and serves its model (EndpointError otherwise, naming the fix)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(spec.output.path)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        probe = os.path.join(root, ".tmp-write-check")
+        try:
+            os.makedirs(root, exist_ok=True)
+            with open(probe, "wb"):
+                pass
+            os.remove(probe)
+        except OSError as exc:
+            raise PlanError(f"output.path {spec.output.path!r} cannot be written ({exc.strerror or exc}: "
+                            f"{exc.filename or root}); choose a folder you can create and write to") from None
+    if spec.model.engine == "openai":
+        from fleetllm.engines.openai_http import check_endpoint
+
+        check_endpoint(spec.model.source, spec.model.engine_kwargs)
+
+
+def endpoint_cause(exc: BaseException) -> str | None:
+    """The message of an EndpointError raised in a replica, however Ray wrapped it; else None."""
+    seen, marker = set(), "fleetllm.errors.EndpointError: "
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, EndpointError):
+            return str(exc)
+        text = str(exc)
+        if marker in text:  # Ray's task error carries the remote traceback as text
+            return text[text.rindex(marker) + len(marker):].strip().splitlines()[0]
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None
 
 
 def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None = None) -> Callable[[dict], dict]:
@@ -428,7 +488,7 @@ def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer)
         drop.append("messages")
     if plan.task == "embed" and "num_generated_tokens" in table.column_names:
         drop.append("num_generated_tokens")  # an embedding generates nothing
-    data = _fixed_types(table.drop_columns(drop))
+    data = _fixed_types(conform_table(table.drop_columns(drop), plan.columns))
     if plan.task == "embed":
         from fleetllm.batch.embed_stage import fixed_size_embedding
 
@@ -439,6 +499,8 @@ def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer)
 
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
                 "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64"}
+# Columns the stages write: an input column of the same name is replaced, so it is not planned.
+WRITTEN_COLUMNS = (*OUTPUT_TYPES, "completions", "logprobs")
 
 
 def _fixed_types(table):

@@ -1,7 +1,9 @@
 """Pipeline stages: rows -> requests (preprocess), requests -> results (the engine stage).
 
 Stage inputs: a row carries either `messages` (a list of {role, content}) or `prompt` (text), and
-optionally `sampling_params` (a dict). A row whose preparation failed carries `error` and skips the
+optionally `sampling_params` (a dict). The job's preprocessor hands the engine stage `_messages`, the
+messages as JSON text, so the column has one Arrow type whatever the rows hold (content text in one
+row, content parts in another); the input's own `messages` column is left as it was read. A row whose preparation failed carries `error` and skips the
 engine; it is still written, so no row is ever dropped.
 """
 
@@ -12,12 +14,12 @@ import time
 from typing import Any, Callable
 
 from fleetllm.engines.base import GenerationRequest, GenerationResult
-from fleetllm.errors import FleetError
+from fleetllm.errors import EndpointError, FleetError
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
-                    "sampling_params", "_prompt_token_ids")
+                    "sampling_params", "_prompt_token_ids", "_messages")
 
 
 class TemplatePreprocessor:
@@ -34,25 +36,32 @@ class TemplatePreprocessor:
         row = dict(row)
         row["row_id"] = self._row_id(row)
         row["error"] = row.pop("_input_error", None)
-        row.setdefault("sampling_params", self.sampling_json)
+        sampling = row.get("sampling_params")  # a row's own sampling (JSON text or a dict), else the job's
+        row["sampling_params"] = self.sampling_json if sampling is None else (
+            sampling if isinstance(sampling, str) else json.dumps(sampling, default=str))
         if row["error"] is not None:
             return row
         try:
             if self.template is not None:
                 messages = [{"role": "user", "content": render_template(self.template, row)}]
             elif row.get("messages") is not None:
-                messages = [dict(m) for m in row["messages"]]
+                messages = checked_messages(row["messages"])
             elif row.get("prompt") is not None:
-                if not str(row["prompt"]).strip():
+                if isinstance(row["prompt"], (dict, list)):
+                    raise FleetError(f"`prompt` must be text, not a {type(row['prompt']).__name__}")
+                row["prompt"] = str(row["prompt"])
+                if not row["prompt"].strip():
                     raise FleetError("the prompt is empty")
                 return row
             else:
                 raise FleetError("the row has no `messages` or `prompt` column and the job has no prompt.template")
             if self.system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system})
-            row["messages"] = messages
+            row["_messages"] = json.dumps(messages, ensure_ascii=False)
         except FleetError as exc:
             row["error"] = str(exc)
+        except Exception as exc:  # rows are data: any value makes a row error, never a failed task
+            row["error"] = f"invalid row: {type(exc).__name__}: {exc}"
         return row
 
     def _row_id(self, row: dict[str, Any]) -> str:
@@ -61,6 +70,27 @@ class TemplatePreprocessor:
             if value is not None:
                 return str(value)
         return f"{row.get('_file', '')}:{row['_line']}" if "_file" in row else str(row["_line"])
+
+
+def checked_messages(value: Any) -> list[dict[str, Any]]:
+    """A row's `messages` (a list, or its JSON text where the column mixes types) as a list of
+    {role, content} dicts; FleetError naming what is wrong otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise FleetError("`messages` is text that is not JSON; give a list of {role, content} objects") from None
+    if not isinstance(value, list) or not value:
+        raise FleetError(f"`messages` must be a non-empty list of {{role, content}} objects, not {value!r:.80}")
+    messages = []
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise FleetError(f"messages[{k}] must be an object with a text `role`, not {m!r:.80}")
+        content = m.get("content")
+        if not isinstance(content, (str, list)):
+            raise FleetError(f"messages[{k}].content must be text or a list of parts, not {content!r:.80}")
+        messages.append({key: v for key, v in m.items() if v is not None})
+    return messages
 
 
 def render_template(template: str, row: dict[str, Any]) -> str:
@@ -91,7 +121,8 @@ def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] |
     sampling = row.get("sampling_params") or {}
     if isinstance(sampling, str):
         sampling = json.loads(sampling)
-    messages = row.get("messages")
+    messages = row.get("_messages")  # the job's preprocessor: JSON text; a user's preprocess: `messages`
+    messages = json.loads(messages) if isinstance(messages, str) else row.get("messages")
     prompt = row.get("prompt") if messages is None else None
     return GenerationRequest(messages=messages, prompt=prompt, sampling=dict(sampling),
                              chat_template_kwargs=dict(chat_template_kwargs or {}),
@@ -109,6 +140,8 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
     """
     try:
         return engine_generate(requests), [1] * len(requests)
+    except EndpointError:
+        raise  # not the rows' fault: the job stops, the rows are not committed
     except Exception as exc:  # the batch failed as a whole: isolate the failing rows
         batch_error = exc
     results, attempts = [], []
@@ -120,6 +153,8 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
                 results.append(engine_generate([req])[0])
                 attempts.append(attempt + 1)
                 break
+            except EndpointError:
+                raise
             except Exception as exc:
                 error = exc
         else:

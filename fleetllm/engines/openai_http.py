@@ -7,6 +7,10 @@ Every request passes through one AIMD window (`fleetllm.query.aimd`) that lives 
 engine, so the concurrency it learned carries over from one `generate` call to the next; retries
 follow `fleetllm.query.client`. A failed row comes back with `error` set and its `attempts`; none
 is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
+
+Failures that are not the row's (the api key refused, the model not served, the endpoint unreachable
+after the retries) raise `EndpointError` from `generate` instead: the job stops and commits nothing for
+those rows (a rerun with the fix computes them). `check_endpoint` finds the first two before a job starts.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
 )
-from fleetllm.errors import EngineError, RowError, SpecError
+from fleetllm.errors import EndpointError, EngineError, RowError, SpecError
 from fleetllm.query.aimd import AIMDConfig, AIMDController
 from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
 
@@ -109,6 +113,42 @@ def to_result(call: CallResult, n: int) -> GenerationResult:
     return result
 
 
+def check_endpoint(model_path: str, engine_kwargs: dict[str, Any], attempts: int = 3) -> None:
+    """Before a job starts: GET {base_url}/models with the job's key. EndpointError naming the cause
+    and the fix when the key is refused, the model is not listed, or the endpoint cannot be reached
+    (after `attempts` tries). An endpoint without /models (404 there) is let through."""
+    import time
+
+    import openai
+
+    from fleetllm.query.client import classify, endpoint_problem
+
+    s = parse_engine_kwargs(engine_kwargs)
+    model = s.model or model_path
+    key = s.api_key or os.environ.get(s.api_key_env) or "EMPTY"
+    client = openai.OpenAI(base_url=s.base_url, api_key=key, timeout=min(s.timeout_s, 30.0), max_retries=0)
+    try:
+        for attempt in range(attempts):
+            try:
+                served = [m.id for m in client.models.list()]
+                break
+            except openai.NotFoundError:
+                return
+            except Exception as exc:
+                failure = classify(exc)
+                problem = endpoint_problem(failure, s.base_url, model)
+                if problem is None:
+                    return  # an answer that says nothing about the key or the model: let rows find out
+                if failure.status is not None or attempt == attempts - 1:
+                    raise EndpointError(problem) from None
+                time.sleep(0.5 * 2 ** attempt)
+    finally:
+        client.close()
+    if served and model not in served:
+        raise EndpointError(f"the endpoint {s.base_url} does not serve model {model!r} (it lists {served[:20]}); "
+                            "set model.source (or model.engine_kwargs.model) to one of them, then run again")
+
+
 class OpenAIHTTPEngine(Engine):
     name = "openai"
     concurrent_batches = True
@@ -166,6 +206,8 @@ class OpenAIHTTPEngine(Engine):
                 call = await self.client.complete(request.prompt, **args)
         except Exception as exc:  # a malformed row fails alone
             return GenerationResult.failed(f"could not send the request: {exc}")
+        if call.endpoint_error is not None:  # not the row's fault: never its result
+            raise EndpointError(call.endpoint_error)
         return to_result(call, n)
 
     # --- embeddings: POST /embeddings, one row per request under the same AIMD window and retries ---
@@ -192,6 +234,8 @@ class OpenAIHTTPEngine(Engine):
             call = await self.client.embed(value, **options)
         except Exception as exc:  # a malformed row fails alone
             return EmbeddingResult.failed(f"could not send the request: {exc}")
+        if call.endpoint_error is not None:  # not the row's fault: never its result
+            raise EndpointError(call.endpoint_error)
         if call.error is not None:
             result = EmbeddingResult.failed(call.error, num_input_tokens=call.prompt_tokens)
         else:

@@ -4,8 +4,11 @@
 
 - 408, 429, 5xx, timeouts and connection errors are retried with exponential backoff and jitter
   (`backoff_delay`), waiting at least the server's Retry-After;
-- other 4xx (400, 401, 404, 422, ...) are not retried: the row keeps the error;
-- after `max_retries` retries the row keeps its last error; a row is never dropped.
+- other 4xx (400, 422, ...) are not retried: the row keeps the error;
+- after `max_retries` retries the row keeps its last error; a row is never dropped;
+- failures that are not the row's fault (401/403: the api key; 404: the model or route; the endpoint
+  unreachable after the retries) come back with `endpoint_error` set, a message naming the cause and
+  the fix: callers stop instead of recording them as the row's result (`EndpointError`).
 
 Every attempt goes through the AIMD window (`AsyncWindow` around `AIMDController`), which learns
 from each outcome. Sleep, clock and random are injectable so tests assert the exact backoff.
@@ -63,6 +66,7 @@ class CallResult:
     error: str | None = None
     attempts: int = 0
     embedding: list[float] | None = None  # the vector of an embeddings call
+    endpoint_error: str | None = None  # not the row's fault: the caller stops (see endpoint_problem)
     latency_s: float = 0.0  # the successful attempt's latency (or the last attempt's)
     elapsed_s: float = 0.0  # from the first attempt's send to the result, backoffs included
 
@@ -130,6 +134,22 @@ def classify(exc: BaseException) -> Failure:
             return Failure(message, True, None, retry_after, status)
         return Failure(message, False, None, None, status)
     return Failure(f"{type(exc).__name__}: {exc}", retryable=False)
+
+
+def endpoint_problem(failure: Failure, base_url: str, model: str) -> str | None:
+    """The cause and the fix when a final failure is the endpoint's, not the row's; else None."""
+    if failure.status in (401, 403):
+        return (f"the endpoint {base_url} refused the api key ({failure.message}); set "
+                "model.engine_kwargs.api_key, or the variable named by model.engine_kwargs.api_key_env "
+                "(default OPENAI_API_KEY), to a key it accepts, then run again")
+    if failure.status == 404:
+        return (f"the endpoint {base_url} does not serve model {model!r} ({failure.message}); set "
+                "model.source (or model.engine_kwargs.model) to an id that GET /v1/models lists, or fix "
+                "model.engine_kwargs.base_url, then run again")
+    if failure.status is None and failure.message.startswith("connection error"):
+        return (f"the endpoint {base_url} cannot be reached ({failure.message}); start it or fix "
+                "model.engine_kwargs.base_url, then run again")
+    return None
 
 
 def _short(exc: Any) -> str:
@@ -217,6 +237,7 @@ class QueryClient:
                                         timeout=timeout_s, max_retries=0)
         self.openai = openai_client
         self.model = model
+        self.base_url = base_url
         self.retry = retry or RetryPolicy()
         self.sleep = sleep or asyncio.sleep
         if window is not None:  # a window shared by several clients on one event loop
@@ -265,7 +286,8 @@ class QueryClient:
                 if not failure.retryable or attempts > self.retry.max_retries:
                     suffix = f" (after {attempts} attempts)" if failure.retryable else ""
                     return CallResult(error=failure.message + suffix, attempts=attempts, latency_s=latency,
-                                      elapsed_s=self.clock() - first)
+                                      elapsed_s=self.clock() - first,
+                                      endpoint_error=endpoint_problem(failure, self.base_url, self.model))
                 delay = backoff_delay(attempts - 1, self.retry, self.rand())
                 if failure.retry_after_s is not None:
                     delay = max(delay, failure.retry_after_s)

@@ -13,7 +13,9 @@ It behaves like an inference server under load, without a model:
 POST /v1/chat/completions and /v1/completions return proper OpenAI bodies with usage. The reply
 echoes the prompt (the last user message), so a test can check each row got its own answer:
 content = "echo: " + prompt, cut to `max_tokens` words (finish_reason "length") when shorter.
-GET /v1/models lists `model`; GET /stats returns the counters.
+GET /v1/models lists `model`; GET /stats returns the counters. With `api_key` set, /v1/* answers
+401 (OpenAI's body) to a request without `Authorization: Bearer <api_key>`; a prompt that contains
+`bad_request_marker` answers 400, a failure of that row alone.
 
 Use it from Python (`with CapacityServer(capacity=8) as srv: srv.base_url`; the server runs in a
 thread of this process by default, or in a subprocess with `subprocess=True`, which keeps the
@@ -49,6 +51,8 @@ class ServerOptions:
     failure_status: int = 503
     model: str = DEFAULT_MODEL
     seed: int | None = None
+    api_key: str | None = None  # when set, /v1/* answers 401 to requests without this bearer key
+    bad_request_marker: str | None = None  # a prompt holding it answers 400 (a row-level failure)
 
     def __post_init__(self) -> None:
         if self.capacity is not None and self.capacity < 1:
@@ -65,6 +69,7 @@ class ServerStats:
     ok: int = 0
     rate_limited: int = 0
     failed: int = 0
+    unauthorized: int = 0
     max_in_system: int = 0
     max_active: int = 0
     in_system_s: float = 0.0  # integral of requests in the system over time
@@ -106,6 +111,8 @@ def build_app(options: ServerOptions):
             prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
         stats.requests += 1
         stats.prompts[prompt] = stats.prompts.get(prompt, 0) + 1
+        if options.bad_request_marker and options.bad_request_marker in prompt:
+            return error(400, "this prompt is invalid (it holds the bad-request marker)", "BadRequestError")
         if body.get("model") != options.model:
             return error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
                          "NotFoundError")
@@ -153,7 +160,15 @@ def build_app(options: ServerOptions):
         return {"id": f"cmpl-{stats.requests}", "object": "text_completion", "created": created,
                 "model": options.model, "choices": [choice], "usage": usage}
 
+    def refused(request):
+        if options.api_key is None or request.headers.get("authorization") == f"Bearer {options.api_key}":
+            return None
+        stats.unauthorized += 1
+        return error(401, "Incorrect API key provided", "invalid_request_error")
+
     async def reply(request, chat: bool):
+        if (no := refused(request)) is not None:
+            return no
         try:
             body = await request.json()
         except ValueError:
@@ -168,6 +183,8 @@ def build_app(options: ServerOptions):
         return await reply(request, chat=False)
 
     async def models(request):
+        if (no := refused(request)) is not None:
+            return no
         return JSONResponse({"object": "list",
                              "data": [{"id": options.model, "object": "model", "owned_by": "fleetllm"}]})
 
@@ -246,6 +263,10 @@ class CapacityServer:
             cmd += ["--hard-limit", str(o.hard_limit)]
         if o.seed is not None:
             cmd += ["--seed", str(o.seed)]
+        if o.api_key is not None:
+            cmd += ["--api-key", o.api_key]
+        if o.bad_request_marker is not None:
+            cmd += ["--bad-request-marker", o.bad_request_marker]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
         line = self._proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -285,10 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failure-status", type=int, default=503, help="HTTP status of an injected failure")
     p.add_argument("--model", default=DEFAULT_MODEL, help="served model id")
     p.add_argument("--seed", type=int, default=None, help="seed of the failure draws")
+    p.add_argument("--api-key", default=None, help="answer 401 to requests without this bearer key")
+    p.add_argument("--bad-request-marker", default=None, help="answer 400 to prompts that contain this text")
     a = p.parse_args(argv)
     options = ServerOptions(capacity=a.capacity, latency_s=a.latency_s, batch_slowdown=a.batch_slowdown,
                             hard_limit=a.hard_limit, retry_after_s=a.retry_after_s, failure_rate=a.failure_rate,
-                            failure_status=a.failure_status, model=a.model, seed=a.seed)
+                            failure_status=a.failure_status, model=a.model, seed=a.seed, api_key=a.api_key,
+                            bad_request_marker=a.bad_request_marker)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", a.port))

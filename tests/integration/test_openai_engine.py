@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetllm.engines.base import GenerationRequest, create_engine
-from fleetllm.errors import SpecError
+from fleetllm.errors import EndpointError, SpecError
 from fleetllm.testing.capacity_server import CapacityServer
 
 
@@ -43,12 +43,18 @@ def test_generate_in_order_with_chat_and_prompt_rows(server):
         engine.stop()
 
 
-def test_failed_rows_keep_their_error(server):
-    engine = make_engine(server.base_url, model="missing-model")
+def test_failed_rows_keep_their_error_and_a_missing_model_stops(server):
+    engine = make_engine(server.base_url)
     try:
         results = engine.generate([GenerationRequest(prompt="x"), GenerationRequest(messages=[{"role": "user"}])])
-        assert results[0].error.startswith("HTTP 404") and results[0].attempts == 1
+        assert results[0].error is None and results[0].attempts == 1
         assert "content" in results[1].error  # a malformed row fails alone, before sending
+    finally:
+        engine.stop()
+    engine = make_engine(server.base_url, model="missing-model")
+    try:  # a 404 for the model is not the row's fault: never a row's result (fleetllm.errors.EndpointError)
+        with pytest.raises(EndpointError, match="does not serve model 'missing-model' \\(HTTP 404"):
+            engine.generate([GenerationRequest(prompt="x")])
     finally:
         engine.stop()
 

@@ -46,7 +46,8 @@ def test_jsonl_shards_read_by_offset(tmp_path):
     rows = [r for s in shards for r in bio.read_shard(s, "auto", s.path)]
     assert [r["_line"] for r in rows] == list(range(24))
     bad = [r for r in rows if "_input_error" in r]
-    assert len(bad) == 1 and "line 12 of in.jsonl is not a JSON object" in bad[0]["_input_error"]
+    # the physical line: the blank line before it counts (it is the 12th row, on line 13)
+    assert len(bad) == 1 and "line 13 of in.jsonl is not a JSON object" in bad[0]["_input_error"]
 
 
 def test_parquet_shards_span_row_groups(tmp_path):

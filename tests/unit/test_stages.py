@@ -14,7 +14,8 @@ def _row(**kw):
 def test_template_builds_messages_with_system():
     pre = TemplatePreprocessor("Be brief.", "Q: {question}", {"max_tokens": 4}, id_column="id")
     out = pre(_row(question="2+2?", id="r1"))
-    assert out["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2+2?"}]
+    assert json.loads(out["_messages"]) == [{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": "Q: 2+2?"}]
     assert out["row_id"] == "r1" and out["error"] is None
     assert json.loads(out["sampling_params"]) == {"max_tokens": 4}
 
@@ -33,7 +34,8 @@ def test_empty_prompt_is_a_row_error():
 def test_rows_with_their_own_messages():
     msgs = [{"role": "user", "content": "hi"}]
     out = TemplatePreprocessor("sys", None, {})(_row(messages=msgs))
-    assert out["messages"][0] == {"role": "system", "content": "sys"} and out["messages"][1] == msgs[0]
+    sent = json.loads(out["_messages"])  # what the engine gets; the input column stays as it was read
+    assert sent[0] == {"role": "system", "content": "sys"} and sent[1] == msgs[0] and out["messages"] == msgs
 
 
 def test_retries_isolate_the_failing_row_with_exact_backoff():

@@ -62,6 +62,7 @@ class EnginePool:
     in_flight: int = 1
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
+    rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -82,6 +83,12 @@ class EnginePool:
             ds = ds.map_batches(add_prompt_token_ids, **tokenize)
         return ds.map_batches(EngineStage, **self.map_batches_kwargs())
 
+    def stage_kwargs(self) -> dict[str, Any]:
+        """The EngineStage's constructor arguments (one replica)."""
+        return dict(engine_name=self.engine, model_path=self.model_path, engine_kwargs=self.engine_kwargs,
+                    chat_template_kwargs=self.chat_template_kwargs, max_retries=self.max_retries,
+                    rows_in_flight=self.rows_in_flight)
+
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray
 
@@ -95,10 +102,7 @@ class EnginePool:
             max_tasks_in_flight_per_actor=2 * self.in_flight,
         )
         kwargs: dict[str, Any] = dict(
-            fn_constructor_kwargs=dict(engine_name=self.engine, model_path=self.model_path,
-                                       engine_kwargs=self.engine_kwargs,
-                                       chat_template_kwargs=self.chat_template_kwargs,
-                                       max_retries=self.max_retries),
+            fn_constructor_kwargs=self.stage_kwargs(),
             batch_size=self.batch_size, batch_format="pyarrow", compute=strategy,
             num_cpus=plan.cpus_per_replica,
         )

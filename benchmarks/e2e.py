@@ -127,7 +127,8 @@ def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path:
         rep = json.loads(report_path.read_text())
         res.update(generation_s=rep.get("generation_wall_s"), output_tokens=rep.get("output_tokens_computed"),
                    output_tokens_per_s=rep.get("output_tokens_per_s_after_engine_start"),
-                   fleetllm_wall_s=rep.get("wall_time_s"), startup=rep.get("startup"))
+                   fleetllm_wall_s=rep.get("wall_time_s"), in_process=rep.get("in_process"),
+                   engine_ready_after_start_s=rep.get("engine_ready_after_start_s"), teardown_s=rep.get("teardown_s"))
         report_path.unlink()
     res["engine_log"] = sorted({re.sub(r"^.*?\] ", "", ln)[:400] for ln in (out + err).splitlines()
                                 if ENGINE_LOG.search(ln)})

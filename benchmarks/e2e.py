@@ -134,6 +134,9 @@ def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path:
                                 if ENGINE_LOG.search(ln)})
     if rc != 0:
         res["failed"] = (out[-1500:] + "\n" + err[-4000:])
+        if os.environ.get("E2E_FAIL_DIR"):  # the whole output of a failed leg, for diagnosis
+            log = Path(os.environ["E2E_FAIL_DIR"]) / f"failed-{name}-{int(t0)}.log"
+            log.write_text(f"$ {' '.join(cmd)}\nrc={rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
     print(f"  {name:22s} {wall:8.1f} s  rc={rc}" + (f"  gen {res['generation_s']:.1f} s, "
           f"{res['output_tokens_per_s']} tok/s" if res.get("generation_s") else ""), flush=True)
     return res

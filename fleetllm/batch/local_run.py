@@ -99,8 +99,15 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     pool = engine_pool(plan)
     if plan.engine == "vllm":  # a plain process may fork vLLM's engine core (no second import of vLLM)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    starter = EngineStarter(pool.stage_kwargs())
     tokenize = pool.tokenize_stage_kwargs()
+    if tokenize is not None:
+        # Load the tokenizer here, before any thread starts: transformers' lazy imports are not
+        # thread-safe, and the engine thread imports vLLM (and so transformers) while the shard threads
+        # would load the tokenizer (seen on the H200: "cannot import name 'AutoTokenizer'" in 3 of 4 runs).
+        from fleetllm.batch.tokenize_stage import load_tokenizer
+
+        load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
+    starter = EngineStarter(pool.stage_kwargs())
     declared = plan.spec.input.format
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}

@@ -78,13 +78,18 @@ class EmbedStage:
     """A Ray Data callable class: one embedding engine per actor (replica), loaded once."""
 
     def __init__(self, engine_name: str, model_path: str, engine_kwargs: dict[str, Any],
-                 chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2) -> None:
+                 chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2,
+                 node_id: str | None = None, rows_in_flight: int | None = None) -> None:
         from fleetllm.engines import create_engine
 
+        # rows_in_flight sizes a generating vLLM only (fleetllm.engines.vllm_defaults); unused here
         self.engine = create_engine(engine_name, model_path, task="embed", engine_kwargs=engine_kwargs)
         self.engine.start()
         self.max_retries = 0 if self.engine.retries_requests else max_retries
         self.ready_at = time.time()
+        if node_id is not None:  # in process (fleetllm.batch.local_run): no Ray
+            self.node_id = node_id
+            return
         try:
             import ray
 

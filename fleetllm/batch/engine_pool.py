@@ -63,6 +63,7 @@ class EnginePool:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 2
     task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
+    rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -77,17 +78,28 @@ class EnginePool:
     def apply(self, ds, tokenize_batch_size: int | None = None):
         """ds -> (the tokenize stage, for engines that take token ids) -> the replicas. tokenize_batch_size:
         rows per tokenize task (None: a whole block)."""
-        from fleetllm.batch.stages import EngineStage
         from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
-        if self.task == "embed":
-            from fleetllm.batch.embed_stage import EmbedStage
-
-            return ds.map_batches(EmbedStage, **self.map_batches_kwargs())
         tokenize = self.tokenize_stage_kwargs(tokenize_batch_size)
         if tokenize is not None:
             ds = ds.map_batches(add_prompt_token_ids, **tokenize)
-        return ds.map_batches(EngineStage, **self.map_batches_kwargs())
+        return ds.map_batches(self.stage_class(), **self.map_batches_kwargs())
+
+    def stage_class(self) -> type:
+        """The replica's callable class: EngineStage (generate) or EmbedStage (embed)."""
+        if self.task == "embed":
+            from fleetllm.batch.embed_stage import EmbedStage
+
+            return EmbedStage
+        from fleetllm.batch.stages import EngineStage
+
+        return EngineStage
+
+    def stage_kwargs(self) -> dict[str, Any]:
+        """The EngineStage's constructor arguments (one replica)."""
+        return dict(engine_name=self.engine, model_path=self.model_path, engine_kwargs=self.engine_kwargs,
+                    chat_template_kwargs=self.chat_template_kwargs, max_retries=self.max_retries,
+                    rows_in_flight=self.rows_in_flight)
 
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray
@@ -102,10 +114,7 @@ class EnginePool:
             max_tasks_in_flight_per_actor=2 * self.in_flight,
         )
         kwargs: dict[str, Any] = dict(
-            fn_constructor_kwargs=dict(engine_name=self.engine, model_path=self.model_path,
-                                       engine_kwargs=self.engine_kwargs,
-                                       chat_template_kwargs=self.chat_template_kwargs,
-                                       max_retries=self.max_retries),
+            fn_constructor_kwargs=self.stage_kwargs(),
             batch_size=self.batch_size, batch_format="pyarrow", compute=strategy,
             num_cpus=plan.cpus_per_replica,
         )

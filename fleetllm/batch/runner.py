@@ -1,5 +1,8 @@
 """`fleetllm run`: plan, stream the shards through engine replicas on Ray Data, commit, report.
 
+A local job of one replica runs the same plan, stage, commits and report in this process without Ray
+(fleetllm.batch.local_run: its engine starts while the first shards are read and tokenized).
+
     plan (files -> shards) -> skip committed shards -> Ray Data:
         from_items(shards) -> flat_map(read shard) -> map(preprocess)
         -> [vllm: map_batches(add_prompt_token_ids)] -> map_batches(EngineStage, replicas)
@@ -249,7 +252,9 @@ def init_ray(address: str | None, min_cpus: float = 1) -> None:
     if address:
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     else:
-        cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1  # +1: room for the read/prepare tasks
+        from fleetllm.batch.local_run import local_cpus
+
+        cpus = local_cpus(min_cpus)  # +1: room for the read/prepare tasks
         # Ray starts its workers at nice 15; the engine replicas are the work here, and at nice 15 every
         # wake-up of Ray's own processes stalls their torch threads (0.55 -> 0.89 of the bare engine on
         # 2 cores, benchmarks/pipeline_overhead.py). Ray's job supervisor sets 0 for the same reason.
@@ -288,10 +293,13 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
 
 def engine_pool(plan: JobPlan) -> EnginePool:
     spec = plan.spec
+    pending_rows = sum(s.rows for s in plan.pending)
+    rows_in_flight = min(plan.in_flight * plan.rows_per_call, -(-pending_rows // max(1, plan.replicas)))
     return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
-                      max_retries=spec.compute.max_retries, task=plan.task)
+                      max_retries=spec.compute.max_retries, task=plan.task,
+                      rows_in_flight=max(1, rows_in_flight))
 
 
 def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
@@ -365,11 +373,16 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             print(line)
         return {"dry_run": True, "plan": plan.describe()}
     preflight(spec)  # before Ray starts: what would otherwise fail after minutes, or every row
-    # Connect (or start a local Ray), wait for late nodes, then size the replicas to what is there.
-    c = spec.compute
-    init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
-    wait_for_cluster(spec, console)
-    plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+    from fleetllm.batch import local_run
+
+    in_process = local_run.runs_in_process(spec)
+    if in_process:  # one local replica: no Ray (fleetllm.batch.local_run)
+        plan = plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
+    else:  # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
+        c = spec.compute
+        init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
+        wait_for_cluster(spec, console)
+        plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
@@ -383,8 +396,21 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
     first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
+
+    def commit(shard: Shard, table) -> None:
+        nonlocal last_commit
+        entry = _commit_shard(out, plan, shard, table, writer)
+        for k in totals:
+            totals[k] += getattr(entry, k)
+        progress.advance(entry.rows, entry.output_tokens, entry.errors)
+        last_commit = time.time()
+
     try:
-        if plan.pending:
+        if plan.pending and in_process:
+            times = local_run.run_shards(plan, preprocessor, commit)
+            ready_at.append(times["ready"])
+            first_call, last_done = times["first_call"], times["last_done"]
+        elif plan.pending:
             ds = build_dataset(plan, preprocessor)
             assembler = ShardAssembler(plan.pending)
             for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
@@ -394,16 +420,12 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                     first_call = min([first_call, *batch.column("_started").to_pylist()])
                     last_done = max([last_done, *batch.column("_finished").to_pylist()])
                 for sid, table in assembler.add(batch):
-                    entry = _commit_shard(out, plan, by_id[sid], table, writer)
-                    for k in totals:
-                        totals[k] += getattr(entry, k)
-                    progress.advance(entry.rows, entry.output_tokens, entry.errors)
-                    last_commit = time.time()
+                    commit(by_id[sid], table)
     except Exception as exc:
         cause = endpoint_cause(exc)
         if cause is None:
             raise
-        done = len(out.read_manifest())
+        done = len(out.committed(plan.shards, plan.fingerprint))
         raise EndpointError(f"{cause}. The job stopped: {done} of {len(plan.shards)} shard(s) are committed; "
                             "the rows of the others were not, and the next run computes them") from None
     finally:
@@ -412,6 +434,9 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
     report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
+    report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.local_run)
+    if ready_at:
+        report["engine_ready_after_start_s"] = round(ready_at[0] - t0, 3)  # command start -> engine ready
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit
@@ -517,7 +542,7 @@ def _fixed_types(table):
 
 def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_wall: float,
                 out: OutputFolder) -> dict[str, Any]:
-    import ray
+    from importlib.metadata import version
 
     committed = out.committed(plan.shards, plan.fingerprint)
     rows_total = sum(e.rows for e in committed.values())
@@ -552,6 +577,6 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "nodes": nodes,
         "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},
         "fingerprint": plan.fingerprint,
-        "versions": {"fleetllm": __version__, "ray": ray.__version__, "python": platform.python_version()},
+        "versions": {"fleetllm": __version__, "ray": version("ray"), "python": platform.python_version()},
         "spec": json.loads(plan.spec.model_dump_json()),
     }

@@ -190,17 +190,23 @@ class EngineStage:
     """A Ray Data callable class: one engine per actor (replica), loaded once."""
 
     def __init__(self, engine_name: str, model_path: str, engine_kwargs: dict[str, Any],
-                 chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2) -> None:
+                 chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2,
+                 node_id: str | None = None, rows_in_flight: int | None = None) -> None:
         from fleetllm.engines import create_engine
 
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_retries = max_retries
         self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
                                     chat_template_kwargs=self.chat_template_kwargs)
+        if rows_in_flight and hasattr(self.engine, "rows_in_flight"):  # vLLM sizes itself to the job
+            self.engine.rows_in_flight = rows_in_flight
         self.engine.start()
         if self.engine.retries_requests:
             self.max_retries = 0  # the engine retries each request itself; no second budget on top
         self.ready_at = time.time()  # lets the report measure throughput after engine start
+        if node_id is not None:  # in-process runs (fleetllm.batch.local_run): no Ray node
+            self.node_id = node_id
+            return
         try:
             import ray
 

@@ -20,6 +20,7 @@ import asyncio
 import gc
 import itertools
 import os
+import sys
 import threading
 import uuid
 from concurrent.futures import Future
@@ -74,6 +75,9 @@ class VLLMEngine(Engine):
     concurrent_batches = True
     takes_token_ids = True
     usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference (used by serving too)
+    # Rows a batch replica holds in flight (set by the batch pipeline before start()): sizes
+    # max_num_seqs and the CUDA graphs to the job (fleetllm.engines.vllm_defaults); None when serving.
+    rows_in_flight: int | None = None
 
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
@@ -90,8 +94,18 @@ class VLLMEngine(Engine):
 
     def vllm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
         """The AsyncEngineArgs this engine starts vLLM with: the user's engine_kwargs plus defaults."""
+        from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
+
         kwargs = dict(self.engine_kwargs)
         kwargs.setdefault("disable_log_stats", True)
+        if self.rows_in_flight:
+            world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+            added = offline_batch_defaults(self.rows_in_flight, not on_cpu, self.engine_kwargs,
+                                           vllm_default_max_num_seqs(world))
+            if added:
+                print(f"fleetllm: vLLM sized for {self.rows_in_flight} rows in flight: {added}", file=sys.stderr,
+                      flush=True)
+            kwargs.update(added)
         if on_cpu:
             kwargs.setdefault("enforce_eager", True)
             if ("kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs
@@ -102,7 +116,8 @@ class VLLMEngine(Engine):
     def start(self) -> None:
         # Spawn, not fork: this process already runs threads (our loop, Ray's, Ray Data's); vLLM
         # forces spawn in Ray actors anyway. Every entry point (pytest, Ray workers, the fleetllm CLI)
-        # guards its main module, which spawn needs.
+        # guards its main module, which spawn needs. The in-process batch run (fleetllm.batch.local_run)
+        # sets fork before this, as a plain vLLM script does: the engine core then skips importing vLLM again.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         import dataclasses
 

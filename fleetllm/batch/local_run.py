@@ -1,0 +1,155 @@
+"""`fleetllm run` in one process, for a local job of one replica: no Ray.
+
+A local single-replica run gains nothing from Ray Data (one machine, one engine) and paid for it at
+start-up: on the 2-core CPU Ray's start (~6 s), the replica actor importing torch and the engine again
+(~10 s), and on vLLM the engine core spawned inside the actor importing vLLM a third time (~11 s:
+vLLM must spawn in a Ray actor, while in a plain process it forks). benchmarks/NOTES.md, change 5.
+
+What stays identical to the Ray path (fleetllm.batch.runner): the plan (`plan_job`: engine, shards,
+fingerprint, the output folder's checks), the engine stage (`EngineStage`: the same rows in, the same
+columns out), the chat template + tokenization ahead of the engine for vLLM (`add_prompt_token_ids`),
+the commit of each complete shard through the same `OutputFolder` path in the driver, and the report
+(`make_report`, run.json). So resume and exactly-once hold the same way: a shard counts once its
+manifest line is written, and a killed run resumes from the manifest whichever path ran it.
+
+What differs: the engine starts in a thread as soon as the job is planned, while the first shards
+are read, preprocessed and tokenized; shards run `in_flight` at a time on threads (vLLM batches them
+together), plus one read ahead; a crashed engine fails the run (resume continues it) instead of
+being restarted by Ray Data. `run_job` takes this path only when no cluster is named (no
+cluster.address, no $RAY_ADDRESS, Ray not already initialized in this process, no compute.wait_for)
+and the plan has one replica; FLEETLLM_USE_RAY=1 forces Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from fleetllm import sizing
+from fleetllm.spec import JobSpec
+
+
+def local_cpus(min_cpus: float) -> int:
+    """The CPUs a local run sizes for (the local Ray's count: +1 for the read/prepare tasks)."""
+    return max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1
+
+
+def local_resources_for_run(spec: JobSpec) -> dict[str, float]:
+    c = spec.compute
+    need = c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1)
+    return {"CPU": float(local_cpus(need)), "GPU": float(sizing.local_gpu_count())}
+
+
+def runs_in_process(spec: JobSpec) -> bool:
+    """True for a local job of one replica (see the module docstring)."""
+    if os.environ.get("FLEETLLM_USE_RAY") == "1" or spec.cluster.address or os.environ.get("RAY_ADDRESS"):
+        return False
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return False
+    if spec.compute.wait_for is not None:
+        return False
+    plan = sizing.plan_for_spec(spec.model, spec.compute, local_resources_for_run(spec))
+    return plan.replicas == 1 and not plan.uses_placement_group
+
+
+class EngineStarter:
+    """Starts the engine stage in a thread; `stage()` waits for it (raising its start-up error)."""
+
+    def __init__(self, stage_class: type, kwargs: dict[str, Any]) -> None:
+        self._stage_class = stage_class
+        self._stage: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, args=(kwargs,), name="fleetllm-engine-start",
+                                        daemon=True)
+        self._thread.start()
+
+    def _start(self, kwargs: dict[str, Any]) -> None:
+        try:
+            self._stage = self._stage_class(**kwargs, node_id=f"local:{socket.gethostname()}")
+        except BaseException as exc:  # re-raised in the driver by stage()
+            self._error = exc
+
+    def stage(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._stage
+
+    def close(self) -> None:
+        """Stop the engine (after its start finished, so a half-started vLLM leaves no process behind)."""
+        self._thread.join()
+        if self._stage is not None:
+            self._stage.engine.stop()
+            self._stage = None
+
+
+def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
+    """Run every pending shard through one in-process engine; `on_shard(shard, table)` commits each in
+    this thread as it completes. Returns the engine's timestamps (ready, first call, last call done)."""
+    import pyarrow as pa
+
+    from fleetllm.batch.runner import _read_shard_rows, engine_pool
+
+    pool = engine_pool(plan)
+    if plan.engine == "vllm":  # a plain process may fork vLLM's engine core (no second import of vLLM)
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    tokenize = pool.tokenize_stage_kwargs()
+    if tokenize is not None:
+        # Load the tokenizer here, before any thread starts: transformers' lazy imports are not
+        # thread-safe, and the engine thread imports vLLM (and so transformers) while the shard threads
+        # would load the tokenizer (seen on the H200: "cannot import name 'AutoTokenizer'" in 3 of 4 runs).
+        from fleetllm.batch.tokenize_stage import load_tokenizer
+
+        load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
+    starter = EngineStarter(pool.stage_class(), pool.stage_kwargs())
+    declared = plan.spec.input.format
+    one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
+    times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
+
+    def shard_table(shard) -> Any:
+        rows = [preprocessor(r) for r in _read_shard_rows(shard.to_dict(), declared, plan.columns)]
+        table = pa.Table.from_pylist(rows)
+        if tokenize is not None:
+            from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+
+            table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
+        stage = starter.stage()
+        parts = []
+        for i in range(0, table.num_rows, plan.rows_per_call):
+            chunk = table.slice(i, plan.rows_per_call)
+            if one_at_a_time is not None:
+                with one_at_a_time:
+                    parts.append(stage(chunk))
+            else:
+                parts.append(stage(chunk))
+        return pa.concat_tables(parts, promote_options="permissive").sort_by("_line")
+
+    ahead = plan.in_flight + 1  # calls in flight, and one shard read and prepared ahead
+    todo = list(plan.pending)
+    running: dict[Future, Any] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=ahead, thread_name_prefix="fleetllm-shard") as workers:
+            while todo or running:
+                while todo and len(running) < ahead:
+                    shard = todo.pop(0)
+                    running[workers.submit(shard_table, shard)] = shard
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    shard = running.pop(fut)
+                    table = fut.result()  # an engine that died fails the run; committed shards stay
+                    times["ready"] = min(times["ready"], starter.stage().ready_at)
+                    times["first_call"] = min([times["first_call"], *table.column("_started").to_pylist()])
+                    times["last_done"] = max([times["last_done"], *table.column("_finished").to_pylist()])
+                    on_shard(shard, table)
+    except BaseException:
+        for fut in running:
+            fut.cancel()
+        raise
+    finally:
+        starter.close()
+    return times

@@ -363,7 +363,8 @@ def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer)
 
 
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
-                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64"}
+                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
+                "parsed": "string"}
 
 
 def _fixed_types(table):

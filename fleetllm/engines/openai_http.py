@@ -146,7 +146,10 @@ class OpenAIHTTPEngine(Engine):
 
     async def _one(self, request: GenerationRequest) -> GenerationResult:
         chat = request.messages is not None
-        args = openai_arguments(request.sampling, {**self.chat_template_kwargs,
+        sampling = dict(request.sampling)
+        if request.structured is not None:  # response_format (JSON) or vLLM's structured_outputs
+            sampling.update(request.structured.request_fields())
+        args = openai_arguments(sampling, {**self.chat_template_kwargs,
                                                    **(request.chat_template_kwargs or {})}, chat)
         n = int(args.get("n", 1) or 1)
         try:

@@ -20,7 +20,7 @@ from fleetllm.engines.base import (
     clean_sampling,
 )
 from fleetllm.engines.chat import render_prompt
-from fleetllm.errors import EngineError
+from fleetllm.errors import EngineError, RowError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
 OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s",
@@ -88,6 +88,7 @@ class TransformersEngine(Engine):
         if getattr(self, "_batcher", None) is not None:
             self._batcher.close()
             self._batcher = None
+        self._grammars = None
         self.model = None
         self.tokenizer = None
 
@@ -109,6 +110,22 @@ class TransformersEngine(Engine):
 
     # --- batch generation -------------------------------------------------------------------
 
+    # --- structured outputs (xgrammar, fleetllm.engines.grammar) --------------------------------
+
+    @property
+    def grammars(self):
+        """Compiled grammars of this engine's tokenizer, by constraint (built on first use)."""
+        if getattr(self, "_grammars", None) is None:
+            from fleetllm.engines.grammar import GrammarCache
+
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = GrammarCache(self.tokenizer, int(vocab), sorted(self._eos_ids()))
+        return self._grammars
+
+    def compiled_grammar(self, request: GenerationRequest):
+        """The request's compiled grammar, or None when it has no constraint; RowError when it cannot compile."""
+        return None if request.structured is None else self.grammars.get(request.structured)
+
     def tokenize(self, request: GenerationRequest) -> list[int]:
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
@@ -129,6 +146,11 @@ class TransformersEngine(Engine):
             except Exception as exc:  # a bad chat template or message shape fails this row only
                 results[i] = GenerationResult.failed(f"could not build the prompt: {exc}")
                 continue
+            try:
+                grammar = self.compiled_grammar(req)
+            except RowError as exc:
+                results[i] = GenerationResult.failed(str(exc), num_input_tokens=len(ids))
+                continue
             max_tokens = int(sampling.get("max_tokens", 256))
             if len(ids) == 0:
                 results[i] = GenerationResult.failed("the prompt is empty")
@@ -139,12 +161,13 @@ class TransformersEngine(Engine):
                     "(max_model_len): shorten the prompt", num_input_tokens=len(ids))
                 continue
             key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
-            groups.setdefault(key, []).append((i, ids, {**sampling, "max_tokens": max_tokens}))
+            # rows with different constraints share a batch: each row follows its own grammar
+            groups.setdefault(key, []).append((i, ids, {**sampling, "max_tokens": max_tokens}, grammar))
         with self._lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
                 for chunk in self._chunks(members):
-                    for (i, ids, sampling), res in zip(chunk, self._generate_group(chunk)):
+                    for (i, *_), res in zip(chunk, self._generate_group(chunk)):
                         results[i] = res
         return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
 
@@ -162,14 +185,16 @@ class TransformersEngine(Engine):
             yield chunk
 
     def _generate_group(self, chunk) -> list[GenerationResult]:
+        from transformers import LogitsProcessorList
+
         torch = self._torch
         tok = self.tokenizer
         sampling = chunk[0][2]
         n = int(sampling.get("n", 1))
         # each row keeps its own max_tokens, capped so prompt+output fits the context
-        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s in chunk]
+        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s, _ in chunk]
         max_new = max(limits)
-        batch = tok.pad({"input_ids": [ids for _, ids, _ in chunk]}, return_tensors="pt").to(self.device)
+        batch = tok.pad({"input_ids": [ids for _, ids, _, _ in chunk]}, return_tensors="pt").to(self.device)
         temperature = float(sampling.get("temperature", 0.0))
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new,
@@ -185,6 +210,11 @@ class TransformersEngine(Engine):
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if sampling.get("stop"):
             gen_kwargs.update(stop_strings=list(sampling["stop"]), tokenizer=tok)
+        grammars = [g for *_, g in chunk for _ in range(n)]  # generate repeats each row n times, in place
+        if any(g is not None for g in grammars):
+            from fleetllm.engines.grammar import GrammarLogitsProcessor
+
+            gen_kwargs["logits_processor"] = LogitsProcessorList([GrammarLogitsProcessor(grammars)])
         for key, target in SAMPLING_MAP.items():
             if key in sampling:
                 gen_kwargs[target] = sampling[key]
@@ -198,7 +228,7 @@ class TransformersEngine(Engine):
             out = self.model.generate(**batch, **gen_kwargs)
         sequences = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
         results = []
-        for row, (_, ids, row_sampling) in enumerate(chunk):
+        for row, (_, ids, row_sampling, _) in enumerate(chunk):
             completions = []
             for j in range(n):
                 tokens = sequences[row * n + j]

@@ -108,8 +108,6 @@ class TransformersEngine(Engine):
         async for delta in self.batcher.stream(request):
             yield delta
 
-    # --- batch generation -------------------------------------------------------------------
-
     # --- structured outputs (xgrammar, fleetllm.engines.grammar) --------------------------------
 
     @property
@@ -125,6 +123,8 @@ class TransformersEngine(Engine):
     def compiled_grammar(self, request: GenerationRequest):
         """The request's compiled grammar, or None when it has no constraint; RowError when it cannot compile."""
         return None if request.structured is None else self.grammars.get(request.structured)
+
+    # --- batch generation -------------------------------------------------------------------
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)

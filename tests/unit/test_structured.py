@@ -111,3 +111,23 @@ def test_job_spec_structured_errors_name_the_problem(tmp_path, monkeypatch, give
 
     with pytest.raises(SpecError, match=message):
         parse_spec(JobSpec, data, "job.yaml")
+
+
+def test_result_columns_and_batch_lines_of_a_constrained_row():
+    from fleetllm.batch.openai_batch import batch_line
+    from fleetllm.batch.stages import result_columns
+    from fleetllm.engines.base import Completion, GenerationResult
+
+    c = StructuredOutput("json", PERSON)
+    ok = result_columns(GenerationResult([Completion('{"name": "Ada", "age": 36}', 9, "stop")], 5), 1, 1, c)
+    assert ok["parsed"] == '{"name":"Ada","age":36}' and ok["error"] is None
+    cut = result_columns(GenerationResult([Completion('{"name": "Ad', 4, "length")], 5), 1, 1, c)
+    assert cut["parsed"] is None and cut["error"].startswith("structured output: the output is not valid JSON")
+    two = result_columns(GenerationResult([Completion('{"name": "A", "age": 1}', 9, "stop"),
+                                           Completion("{}", 2, "stop", index=1)], 5), 1, 2, c)
+    assert [e["parsed"] for e in two["completions"]] == ['{"name":"A","age":1}', None]
+    assert two["error"].startswith("structured output: completion 1:")
+    row = {"custom_id": "x", "row_id": "x", "url": "/v1/chat/completions", "body": "{}", **cut}
+    line = batch_line(row)
+    assert line["error"]["code"] == "invalid_output" and line["response"]["body"]["choices"][0]["message"]["content"]
+    assert batch_line({**row, **ok})["error"] is None

@@ -163,9 +163,11 @@ def _request_id(custom_id: str) -> str:
 
 
 def batch_line(row: dict[str, Any]) -> dict[str, Any]:
+    """One output line; a row whose text failed its structured-output check (an error beside a generated
+    text) goes to errors.jsonl with code `invalid_output`, its response kept."""
     custom_id = row.get("custom_id")
     rid = _request_id(row.get("row_id") or custom_id)
-    if row.get("error"):
+    if row.get("error") and row.get("generated_text") is None:
         return {"id": f"batch_req_{rid}", "custom_id": custom_id, "response": None,
                 "error": {"code": "invalid_request" if row.get("attempts", 0) == 0 else "generation_failed",
                           "message": row["error"]}}
@@ -199,8 +201,9 @@ def batch_line(row: dict[str, Any]) -> dict[str, Any]:
                     "logprobs": first_lp if c["index"] == 0 else None} for c in completions]
         payload = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created,
                    "model": body.get("model"), "choices": choices, "usage": usage}
+    error = {"code": "invalid_output", "message": row["error"]} if row.get("error") else None
     return {"id": f"batch_req_{rid}", "custom_id": custom_id,
-            "response": {"status_code": 200, "request_id": rid, "body": payload}, "error": None}
+            "response": {"status_code": 200, "request_id": rid, "body": payload}, "error": error}
 
 
 class OpenAIBatchWriter:

@@ -19,7 +19,9 @@ Example (runs as it is, on the embedded model)::
 
 Rows enter the engine stage with `messages` (or `prompt`) and `sampling_params`, and reach
 postprocess with every input column plus `generated_text`, `num_input_tokens`,
-`num_generated_tokens`, `finish_reason`, `error` and `attempts`.
+`num_generated_tokens`, `finish_reason`, `error` and `attempts`. Rows whose `sampling_params` carry a
+structured-output constraint (`response_format` or `structured_outputs`, fleetllm.structured) also get
+`parsed` (JSON text) and an `error` where the text does not satisfy it.
 """
 
 from __future__ import annotations

@@ -523,7 +523,8 @@ def _commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer)
 
 
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
-                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64"}
+                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
+                "parsed": "string"}
 # Columns the stages write: an input column of the same name is replaced, so it is not planned.
 WRITTEN_COLUMNS = (*OUTPUT_TYPES, "completions", "logprobs")
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from fleetllm.engines.base import GenerationRequest, GenerationResult
 from fleetllm.errors import EndpointError, FleetError
+from fleetllm.structured import StructuredOutput
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
@@ -164,9 +165,12 @@ def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], l
     return results, attempts
 
 
-def result_columns(result: GenerationResult, attempts: int, n: int) -> dict[str, Any]:
+def result_columns(result: GenerationResult, attempts: int, n: int,
+                   structured: StructuredOutput | None = None) -> dict[str, Any]:
     """The output columns of one row. `attempts` is the engine's own count when it reports one (the
-    openai engine: HTTP attempts), else the engine calls the stage made for the row."""
+    openai engine: HTTP attempts), else the engine calls the stage made for the row. A row with a
+    structured-output constraint also gets `parsed` (the JSON value as text, JSON constraints only)
+    and `error` when its text does not satisfy the constraint (e.g. JSON cut short by max_tokens)."""
     first = result.completions[0] if result.completions else None
     cols: dict[str, Any] = {
         "generated_text": first.text if first else None,
@@ -183,6 +187,16 @@ def result_columns(result: GenerationResult, attempts: int, n: int) -> dict[str,
         ]
     if first is not None and first.logprobs is not None:
         cols["logprobs"] = json.dumps(first.logprobs)
+    if structured is not None:
+        checked = [structured.check(c.text, c.finish_reason) for c in result.completions]
+        cols["parsed"] = checked[0][0] if checked else None
+        problems = [f"completion {c.index}: {err}" if len(checked) > 1 else err
+                    for c, (_, err) in zip(result.completions, checked) if err]
+        if problems and cols["error"] is None:
+            cols["error"] = "structured output: " + "; ".join(problems)
+        if "completions" in cols:
+            for entry, (parsed, _) in zip(cols["completions"], checked):
+                entry["parsed"] = parsed
     return cols
 
 
@@ -231,12 +245,15 @@ class EngineStage:
         results, attempts = generate_with_retries(self.engine.generate, requests, self.max_retries)
         finished = time.time()
         n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])
-        done = {i: (res, att) for i, res, att in zip(todo, results, attempts)}
+        done = {i: (res, att, req.structured) for i, res, att, req in zip(todo, results, attempts, requests)}
+        structured = any(req.structured is not None for req in requests)
         out = []
         for i, row in enumerate(rows):
+            if structured:
+                row["parsed"] = None  # every row of the batch has the column (Arrow takes the first row's keys)
             if i in done:
-                res, att = done[i]
-                row.update(result_columns(res, att, n_max))
+                res, att, constraint = done[i]
+                row.update(result_columns(res, att, n_max, constraint))
             else:
                 row.update({"generated_text": None, "num_input_tokens": 0, "num_generated_tokens": 0,
                             "finish_reason": None, "attempts": 0})

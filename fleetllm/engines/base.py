@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fleetllm.errors import PlanError, RowError
+from fleetllm.structured import FIELDS as STRUCTURED_FIELDS
+from fleetllm.structured import StructuredOutput, pop_constraint
 
 # Sampling keys every engine understands; anything else is engine-specific and passed through.
 COMMON_SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n", "logprobs")
@@ -29,10 +31,18 @@ class GenerationRequest:
     # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.tokenize_stage); engines
     # that take token ids (`Engine.takes_token_ids`) use it instead of building the prompt again.
     prompt_token_ids: list[int] | None = None
+    # At most one structured-output constraint (fleetllm.structured). `response_format` or
+    # `structured_outputs` given in `sampling` move here, so engines never see them as sampling keys.
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:
             raise RowError("the row has neither `messages` nor `prompt`; give one of them")
+        if any(k in (self.sampling or {}) for k in STRUCTURED_FIELDS):
+            constraint, self.sampling = pop_constraint(self.sampling)
+            if constraint is not None and self.structured is not None and constraint != self.structured:
+                raise RowError("the request carries two different structured-output constraints; give one")
+            self.structured = self.structured or constraint
 
 
 @dataclass

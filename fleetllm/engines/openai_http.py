@@ -194,6 +194,8 @@ class OpenAIHTTPEngine(Engine):
             sampling = self.check_sampling(request.sampling)
         except RowError as exc:
             return GenerationResult.failed(str(exc))
+        if request.structured is not None:  # response_format (JSON) or vLLM's structured_outputs
+            sampling.update(request.structured.request_fields())
         args = openai_arguments(sampling, {**self.chat_template_kwargs,
                                                    **(request.chat_template_kwargs or {})}, chat)
         n = int(args.get("n", 1) or 1)

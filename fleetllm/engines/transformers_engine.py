@@ -94,6 +94,7 @@ class TransformersEngine(Engine):
         if getattr(self, "_batcher", None) is not None:
             self._batcher.close()
             self._batcher = None
+        self._grammars = None
         self.model = None
         self.tokenizer = None
 
@@ -112,6 +113,22 @@ class TransformersEngine(Engine):
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         async for delta in self.batcher.stream(request):
             yield delta
+
+    # --- structured outputs (xgrammar, fleetllm.engines.grammar) --------------------------------
+
+    @property
+    def grammars(self):
+        """Compiled grammars of this engine's tokenizer, by constraint (built on first use)."""
+        if getattr(self, "_grammars", None) is None:
+            from fleetllm.engines.grammar import GrammarCache
+
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = GrammarCache(self.tokenizer, int(vocab), sorted(self._eos_ids()))
+        return self._grammars
+
+    def compiled_grammar(self, request: GenerationRequest):
+        """The request's compiled grammar, or None when it has no constraint; RowError when it cannot compile."""
+        return None if request.structured is None else self.grammars.get(request.structured)
 
     # --- batch generation -------------------------------------------------------------------
 
@@ -163,13 +180,19 @@ class TransformersEngine(Engine):
             except RowError as exc:
                 results[i] = GenerationResult.failed(str(exc))
                 continue
+            try:
+                grammar = self.compiled_grammar(req)
+            except RowError as exc:
+                results[i] = GenerationResult.failed(str(exc), num_input_tokens=len(ids))
+                continue
             key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
-            groups.setdefault(key, []).append((i, ids, sampling))
+            # rows with different constraints share a batch: each row follows its own grammar
+            groups.setdefault(key, []).append((i, ids, sampling, grammar))
         with self._lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
                 for chunk in self._chunks(members):
-                    for (i, ids, sampling), res in zip(chunk, self._generate_group(chunk)):
+                    for (i, *_), res in zip(chunk, self._generate_group(chunk)):
                         results[i] = res
         return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
 
@@ -187,14 +210,16 @@ class TransformersEngine(Engine):
             yield chunk
 
     def _generate_group(self, chunk) -> list[GenerationResult]:
+        from transformers import LogitsProcessorList
+
         torch = self._torch
         tok = self.tokenizer
         sampling = chunk[0][2]
         n = int(sampling.get("n", 1))
         # each row keeps its own max_tokens, capped so prompt+output fits the context
-        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s in chunk]
+        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s, _ in chunk]
         max_new = max(limits)
-        batch = tok.pad({"input_ids": [ids for _, ids, _ in chunk]}, return_tensors="pt").to(self.device)
+        batch = tok.pad({"input_ids": [ids for _, ids, _, _ in chunk]}, return_tensors="pt").to(self.device)
         temperature = float(sampling.get("temperature", 0.0))
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new,
@@ -211,6 +236,13 @@ class TransformersEngine(Engine):
         if sampling.get("stop"):
             gen_kwargs.update(stop_strings=list(sampling["stop"]), tokenizer=tok)
         gen_kwargs.update(self.generate_kwargs(sampling, batch["input_ids"].shape[1]))
+        grammars = [g for *_, g in chunk for _ in range(n)]  # generate repeats each row n times, in place
+        if any(g is not None for g in grammars):
+            from fleetllm.engines.grammar import GrammarLogitsProcessor
+
+            processors = LogitsProcessorList(gen_kwargs.get("logits_processor") or [])
+            processors.append(GrammarLogitsProcessor(grammars))  # last: it masks what the others scored
+            gen_kwargs["logits_processor"] = processors
         eos_ids = self._eos_ids()
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
@@ -221,7 +253,7 @@ class TransformersEngine(Engine):
             out = self.model.generate(**batch, **gen_kwargs)
         sequences = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
         results = []
-        for row, (_, ids, row_sampling) in enumerate(chunk):
+        for row, (_, ids, row_sampling, _) in enumerate(chunk):
             completions = []
             for j in range(n):
                 tokens = sequences[row * n + j]

@@ -54,6 +54,7 @@ class StreamRequest:
     queue: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0  # tokens generated for this request so far (all of its n rows)
+    grammar: Any = None  # the compiled xgrammar grammar of its structured-output constraint, if any
 
     @property
     def key(self) -> tuple:
@@ -120,9 +121,10 @@ class StreamBatcher:
 
     # --- the caller's side (asyncio) -------------------------------------------------------
 
-    def submit(self, request: GenerationRequest, prepared: tuple[list[int], dict[str, Any]] | None = None
-               ) -> StreamRequest:
-        """Validate and enqueue; raises RowError for a request that cannot be served."""
+    def submit(self, request: GenerationRequest, prepared: tuple[list[int], dict[str, Any]] | None = None,
+               grammar: Any = None) -> StreamRequest:
+        """Validate and enqueue (with the request's compiled grammar, if it has a constraint); raises
+        RowError for a request that cannot be served."""
         if not self.alive:
             raise EngineError(f"the transformers streaming loop is not running ({self.error!r})")
         ids, sampling = prepared or self.engine.prepare(request)
@@ -130,7 +132,7 @@ class StreamBatcher:
         if sampling["n"] > self.max_batch_size:
             raise RowError(f"n={sampling['n']} exceeds the engine's max_batch_size {self.max_batch_size}")
         req = StreamRequest(request.request_id or f"s{next(self._ids)}", ids, sampling,
-                            asyncio.get_running_loop(), asyncio.Queue())
+                            asyncio.get_running_loop(), asyncio.Queue(), grammar=grammar)
         with self._stats_lock:
             self.stats.queued += 1
         self._inbox.put(req)
@@ -140,7 +142,10 @@ class StreamBatcher:
         prepared = None
         if prompt_chars(request) > OFFLOAD_CHARS:  # tokenize a long prompt off the event loop
             prepared = await asyncio.to_thread(self.engine.prepare, request)
-        req = self.submit(request, prepared)
+        grammar = None
+        if request.structured is not None:  # compiled off the event loop (cached per constraint)
+            grammar = await asyncio.get_running_loop().run_in_executor(None, self.engine.compiled_grammar, request)
+        req = self.submit(request, prepared, grammar)
         finished = False
         try:
             while True:
@@ -244,8 +249,14 @@ class StreamBatcher:
             max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
-        if want_logprobs:
-            gen_kwargs["logits_processor"] = LogitsProcessorList([RecordLogprobs()])
+        processors = [RecordLogprobs()] if want_logprobs else []  # logprobs of the model, before any grammar
+        grammars = [r.req.grammar for r in rows]  # each row follows its own request's grammar (or none)
+        if any(g is not None for g in grammars):
+            from fleetllm.engines.grammar import GrammarLogitsProcessor
+
+            processors.append(GrammarLogitsProcessor(grammars))
+        if processors:
+            gen_kwargs["logits_processor"] = LogitsProcessorList(processors)
         temperature = float(sampling.get("temperature") or 0.0)
         if temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=temperature, top_p=float(sampling.get("top_p", 1.0)),

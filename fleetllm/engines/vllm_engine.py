@@ -38,6 +38,7 @@ from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, promp
 from fleetllm.engines.fields import output_budget
 from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
 from fleetllm.errors import EngineError, RequestFailed, RowError
+from fleetllm.structured import StructuredOutput
 
 # Defaults applied only when the user's engine_kwargs leave them out.
 DEFAULT_MAX_TOKENS = 256  # same default as the transformers engine (vLLM's own is 16)
@@ -224,16 +225,20 @@ class VLLMEngine(Engine):
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
-    def sampling_params(self, sampling: dict[str, Any] | None, num_prompt_tokens: int, delta: bool = False):
-        """Map a row's sampling dict onto vLLM SamplingParams; raises RowError (FieldError) for a field the
-        table refuses, a value out of range, or a max_tokens the context cannot hold."""
-        from vllm.sampling_params import RequestOutputKind
+    def sampling_params(self, sampling: dict[str, Any] | None, num_prompt_tokens: int, delta: bool = False,
+                        structured: StructuredOutput | None = None):
+        """Map a row's sampling dict (and its structured-output constraint) onto vLLM SamplingParams; raises
+        RowError (FieldError) for a field the table refuses, a value out of range, or a max_tokens the context
+        cannot hold."""
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         params = self.check_sampling({k: to_plain(v) for k, v in clean_sampling(sampling).items()})
         params.setdefault("temperature", 0.0)
         params["max_tokens"] = output_budget(params, num_prompt_tokens, self._max_model_len, DEFAULT_MAX_TOKENS)
         params["output_kind"] = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         try:
+            if structured is not None:  # vLLM's structured output backends (xgrammar, guidance, ...) do the rest
+                params["structured_outputs"] = StructuredOutputsParams(**structured.to_structured_outputs())
             return self._sampling_cls(**params)
         except Exception as exc:  # vLLM validates values (n>1 with greedy, negative top_p, ...)
             raise RowError(f"invalid sampling options {clean_sampling(sampling)}: {exc}") from None
@@ -253,7 +258,7 @@ class VLLMEngine(Engine):
         if len(ids) + 1 > self._max_model_len:
             raise RowError(f"prompt is {len(ids)} tokens; the model's context is {self._max_model_len} tokens "
                            "(max_model_len): shorten the prompt or raise engine_kwargs.max_model_len")
-        return ids, self.sampling_params(request.sampling, len(ids), delta)
+        return ids, self.sampling_params(request.sampling, len(ids), delta, request.structured)
 
     def _failure(self, exc: Exception) -> Exception:
         """What a vLLM exception means: EngineDeadError (or an errored engine) is the engine's failure, fatal

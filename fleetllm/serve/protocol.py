@@ -56,10 +56,39 @@ class _RequestBase(BaseModel):
     min_tokens: int | None = Field(None, ge=0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     user: str | None = None
+    # structured outputs (fleetllm.structured): OpenAI's response_format or vLLM's structured_outputs
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     # request fields copied unchanged into the engine's sampling dict
     SAMPLING_FIELDS: ClassVar[tuple[str, ...]] = ("n", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
-                                                  "min_tokens", "repetition_penalty")
+                                                  "min_tokens", "repetition_penalty", "response_format",
+                                                  "structured_outputs")
+
+    @field_validator("response_format", "structured_outputs")
+    @classmethod
+    def _constraint_parses(cls, value: dict[str, Any] | None, info) -> dict[str, Any] | None:
+        from fleetllm.errors import RowError
+        from fleetllm import structured
+
+        if value is None:
+            return None
+        try:  # a malformed constraint is a 400 naming it, before the request reaches an engine
+            getattr(structured, f"from_{info.field_name}")(value)
+        except RowError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "_RequestBase":
+        from fleetllm.errors import RowError
+        from fleetllm.structured import pop_constraint
+
+        try:
+            pop_constraint({"response_format": self.response_format, "structured_outputs": self.structured_outputs})
+        except RowError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
     @field_validator("stop")
     @classmethod

@@ -107,6 +107,10 @@ def read_shard(shard: Shard, declared: str, fs_url: str) -> list[dict[str, Any]]
     A jsonl line that is not a JSON object becomes a row with `_input_error` set, so it is
     recorded with its error instead of failing the shard or being dropped.
     """
+    if declared == "hf":  # a Hugging Face dataset's data file (fleetllm/batch/hf_input.py)
+        from fleetllm.batch.hf_input import read_shard as read_hf_shard
+
+        return read_hf_shard(shard)
     fs, _ = fsspec.core.url_to_fs(fs_url)
     fmt = file_format(shard.path, declared)
     rows: list[dict[str, Any]] = []

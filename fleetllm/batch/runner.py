@@ -21,7 +21,7 @@ from rich.console import Console
 
 from fleetllm import __version__
 from fleetllm import sizing
-from fleetllm.batch import io as bio
+from fleetllm.batch import hf_input, io as bio
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
 from fleetllm.batch.fingerprint import engine_version, fingerprint, fingerprint_parts
 from fleetllm.batch.engine_pool import EnginePool, batches_in_flight, engine_is_concurrent
@@ -97,7 +97,9 @@ def check_columns(spec: JobSpec) -> None:
     """Fail at plan time when the rows lack what the prompt needs; name what is there."""
     if spec.input.format == "openai_batch":
         return
-    rows = bio.peek_rows(spec.input.path, spec.input.format)
+    rows = hf_input.peek(spec.input) if hf_input.is_hf(spec.input) else bio.peek_rows(spec.input.path, spec.input.format)
+    if spec.input.columns:
+        rows = [hf_input.keep_columns(r, spec.input.columns) for r in rows]
     if not rows:
         return
     present = sorted({k for r in rows for k in r if not k.startswith("_")})
@@ -138,14 +140,18 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     else:
         model = models.ResolvedModel(spec.model.source, "embedded",
                                      str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
-    files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
-    shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
+    if hf_input.is_hf(spec.input):
+        shards = hf_input.plan(spec.input, spec.output.shard_rows)
+    else:
+        files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
+        shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs, sampling=spec.sampling.as_params(),
         prompt={"system": spec.prompt.system, "template": spec.prompt.template,
-                "input_format": spec.input.format, "id_column": spec.input.id_column},
+                "input_format": spec.input.format, "id_column": spec.input.id_column,
+                **({"input_columns": spec.input.columns} if spec.input.columns else {})},
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
     fp = fingerprint(parts)
@@ -232,6 +238,8 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     declared = spec.input.format
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared}, num_cpus=0.25)
+    if spec.input.columns:
+        ds = ds.map(hf_input.keep_columns, fn_kwargs={"columns": spec.input.columns}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
     # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
     # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is

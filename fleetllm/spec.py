@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetllm.environment import EnvironmentSpec
 from fleetllm.errors import SpecError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -185,6 +186,8 @@ class JobSpec(StrictModel):
     output: OutputSpec = Field(..., description="Where the results go.")
     compute: ComputeSpec = Field(default_factory=ComputeSpec, description="Replicas and batching.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
+                                         description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
 
     @model_validator(mode="after")
     def _openai_engine(self) -> "JobSpec":

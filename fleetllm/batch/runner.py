@@ -90,6 +90,7 @@ class JobPlan:
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             f"sampling   {s.sampling.as_params()}",
+            f"environment {s.environment.describe()}",
         ]
 
 
@@ -177,16 +178,18 @@ def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
     return spec.compute.batch_size
 
 
-def init_ray(address: str | None, min_cpus: float = 1) -> None:
-    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray."""
+def init_ray(address: str | None, min_cpus: float = 1, runtime_env: dict[str, Any] | None = None) -> None:
+    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray. `runtime_env` (the job's
+    `environment:`) becomes the job's Ray runtime_env: every replica and task runs in it."""
     import ray
 
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
+                 runtime_env=runtime_env)
     if address:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR", runtime_env=runtime_env)
     else:
         cpus = max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1  # +1: room for the read/prepare tasks
         # Ray starts its workers at nice 15; the engine replicas are the work here, and at nice 15 every
@@ -295,7 +298,9 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         return {"dry_run": True, "plan": plan.describe()}
     # Connect (or start a local Ray), wait for late nodes, then size the replicas to what is there.
     c = spec.compute
-    init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
+    spec.environment.check_local()
+    init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1),
+             runtime_env=spec.environment.runtime_env())
     wait_for_cluster(spec, console)
     plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "

@@ -30,6 +30,7 @@ from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import InputError
+from fleetllm.report.series import RunSeries
 from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec, template_fields
 
@@ -316,6 +317,7 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
     first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
+    series = RunSeries(t0)  # what `fleetllm report` draws (fleetllm/report/series.py)
     try:
         if plan.pending:
             ds = build_dataset(plan, preprocessor)
@@ -326,8 +328,11 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                 if "_started" in batch.column_names:
                     first_call = min([first_call, *batch.column("_started").to_pylist()])
                     last_done = max([last_done, *batch.column("_finished").to_pylist()])
+                series.batch(batch)
                 for sid, table in assembler.add(batch):
+                    commit_started = time.time()
                     entry = _commit_shard(out, plan, by_id[sid], table, writer)
+                    series.commit(entry, commit_started)
                     for k in totals:
                         totals[k] += getattr(entry, k)
                     progress.advance(entry.rows, entry.output_tokens, entry.errors)
@@ -338,6 +343,7 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
     report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
+    report["series"] = series.as_dict(ready_at[0] if ready_at else None, generation_wall, wall)
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit

@@ -4,6 +4,7 @@ import json
 
 import pytest
 from test_cli_run import fleetllm, read_rows, write_job
+from test_run_report import assert_quiet_and_logged
 
 datasets = pytest.importorskip("datasets")
 
@@ -22,6 +23,7 @@ def test_job_on_a_saved_dataset_with_a_split_slice(tmp_path):
     proc = fleetllm("run", str(job), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Wrote 50 rows to {tmp_path / 'out'}" in proc.stdout
+    assert_quiet_and_logged(proc, tmp_path / "out")  # the embedded model's run: no ERROR/Traceback/core_worker
     out = sorted(read_rows(tmp_path / "out"), key=lambda r: int(r["row_id"].split(":")[1]))
     assert [r["instruction"] for r in out] == rows["instruction"][:50]
     assert "output" not in out[0]  # input.columns kept only `instruction`

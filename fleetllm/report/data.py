@@ -71,7 +71,7 @@ def _read_rows(fs, path: str, data: ReportData) -> None:
     else:  # jsonl (and openai_batch lines, whose rows carry no token columns at the top level)
         rows = [json.loads(line) for line in fs.cat(path).decode().splitlines() if line.strip()]
     for r in rows:
-        if r.get("num_input_tokens") is not None:
+        if r.get("num_input_tokens"):  # a row that failed before the engine has none
             data.input_tokens.append(int(r["num_input_tokens"]))
         if r.get("num_generated_tokens") is not None and not r.get("error"):
             data.output_tokens.append(int(r["num_generated_tokens"]))

@@ -51,7 +51,8 @@ def throughput_chart(run: dict[str, Any]) -> str | None:
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("rows committed", color=COLORS[0])
     ax2 = ax.twinx()
-    rates = [p[2] / max(p[0] - prev, 1e-6) for prev, p in zip(t, points)]
+    start = ((run.get("series") or {}).get("time_split_s") or {}).get("start_up", 0.0)  # engine ready
+    rates = [p[2] / max(p[0] - max(prev, start), 1e-6) for prev, p in zip(t, points)]
     ax2.plot([p[0] for p in points], rates, "o-", color=COLORS[1], label="output tokens/s")
     ax2.set_ylabel("output tokens/s (per shard)", color=COLORS[1])
     ax2.spines[["top"]].set_visible(False)
@@ -63,14 +64,14 @@ def time_split_chart(run: dict[str, Any]) -> str | None:
     split = (run.get("series") or {}).get("time_split_s")
     if not split:
         return None
-    fig, ax = _figure(height=1.8)
+    fig, ax = _figure(height=2.4)
     left = 0.0
     for k, (name, value) in enumerate(split.items()):
         ax.barh([0], [value], left=left, color=COLORS[k % len(COLORS)], label=f"{name.replace('_', '-')} {value:.1f}s")
         left += value
     ax.set_yticks([])
     ax.set_xlabel("seconds")
-    ax.legend(ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
+    ax.legend(ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     ax.set_title("Where the time went")
     return _svg(fig)
 

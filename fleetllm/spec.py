@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetllm.environment import EnvironmentSpec
 from fleetllm.errors import SpecError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -42,14 +43,29 @@ class ModelSpec(StrictModel):
 
 
 class InputSpec(StrictModel):
-    path: str = Field(..., description="A file or folder, local or an fsspec URL (s3://, gs://, ...).")
-    format: Literal["auto", "jsonl", "json", "parquet", "csv", "openai_batch"] = Field(
-        "auto", description="Input format; auto picks it from the file extension."
+    path: str = Field(..., description="A file or folder, local or an fsspec URL (s3://, gs://, ...), or a "
+                      "Hugging Face dataset: hf://datasets/ORG/NAME, a save_to_disk folder or a local dataset repo.")
+    format: Literal["auto", "jsonl", "json", "parquet", "csv", "openai_batch", "hf"] = Field(
+        "auto", description="Input format; auto picks it from the file extension (hf for an hf:// path or "
+        "when input.split is set)."
     )
+    split: str | None = Field(None, description="Hugging Face datasets: the split, with datasets' slicing "
+                              "syntax, e.g. 'train' or 'train[:1000]' (default train).")
+    revision: str | None = Field(None, description="Hugging Face datasets: hub revision (commit, tag, branch).")
+    columns: list[str] | None = Field(None, description="Keep only these input columns (default: all).")
     id_column: str | None = Field(
         None, description="Column holding a stable row id; default: derived from file and position."
     )
     limit: int | None = Field(None, ge=1, description="Read only the first N rows (for trials).")
+
+    @model_validator(mode="after")
+    def _hf_format(self) -> "InputSpec":
+        if self.format == "auto" and (self.path.startswith("hf://") or self.split is not None):
+            self.format = "hf"
+        if self.format != "hf" and (self.split is not None or self.revision is not None):
+            raise ValueError(f"input.split/input.revision apply to Hugging Face datasets, not input.format "
+                             f"{self.format}; remove them or set input.format: hf")
+        return self
 
 
 class PromptSpec(StrictModel):
@@ -254,6 +270,8 @@ class JobSpec(StrictModel):
     output: OutputSpec = Field(..., description="Where the results go.")
     compute: ComputeSpec = Field(default_factory=ComputeSpec, description="Replicas and batching.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
+                                         description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
 
     @model_validator(mode="after")
     def _openai_engine(self) -> "JobSpec":

@@ -18,6 +18,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
     p.add_argument("--overwrite", action="store_true",
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show Ray's and the engine's log lines on the terminal (always kept in OUT/_fleetllm/logs/)")
     p.add_argument("--max-error-rate", type=float, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
 
@@ -40,10 +42,18 @@ def execute_job(spec, args) -> int:
 
         for line in window_warnings(spec):
             console.print(f"[yellow]warning:[/yellow] {line}")
-    report = run_job(spec, overwrite=args.overwrite, dry_run=args.dry_run,
-                     max_error_rate=args.max_error_rate, console=console)
-    if report.get("dry_run"):
+    if args.dry_run:
+        run_job(spec, overwrite=args.overwrite, dry_run=True, console=console)
         return 0
+    from fleetllm.batch.run_logs import captured_output
+
+    log_path: list[str] = []
+    try:
+        with captured_output(spec.output.path, verbose=getattr(args, "verbose", False)) as (_, err, log_path):
+            console = Console(file=err)
+            report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console)
+    finally:
+        console.print(f"logs: {log_path[0] if log_path else '(none)'}")
     print(f"Wrote {report['rows']} rows to {spec.output.path}"
           f" ({report['rows_computed']} computed, {report['rows_skipped']} resumed, {report['errors']} errors;"
           f" {report['output_tokens_per_s']} output tokens/s)")

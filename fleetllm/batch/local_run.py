@@ -53,6 +53,8 @@ def runs_in_process(spec: JobSpec) -> bool:
         return False
     if spec.compute.wait_for is not None:
         return False
+    if spec.environment.runtime_env():  # pip / env_vars / working_dir are Ray's runtime_env for the replicas
+        return False
     plan = sizing.plan_for_spec(spec.model, spec.compute, local_resources_for_run(spec))
     return plan.replicas == 1 and not plan.uses_placement_group
 
@@ -112,7 +114,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
 
     def shard_table(shard) -> Any:
-        rows = [preprocessor(r) for r in _read_shard_rows(shard.to_dict(), declared, plan.columns)]
+        rows = [preprocessor(r) for r in _read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
         table = pa.Table.from_pylist(rows)
         if tokenize is not None:
             from fleetllm.batch.tokenize_stage import add_prompt_token_ids

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from fleetllm import __version__
 from fleetllm import sizing
-from fleetllm.batch import io as bio
+from fleetllm.batch import hf_input, io as bio
 from fleetllm.batch.columns import conform_row, conform_table, describe as describe_columns, input_key as columns_key
 from fleetllm.batch.columns import record as record_columns, recorded as recorded_columns
 from fleetllm.batch.commit import ManifestEntry, OutputFolder, part_name
@@ -35,6 +35,7 @@ from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.stages import INTERNAL_COLUMNS, TemplatePreprocessor
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import EndpointError, InputError, PlanError
+from fleetllm.report.series import RunSeries
 from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec, template_fields
 
@@ -104,6 +105,7 @@ class JobPlan:
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),
+            f"environment {s.environment.describe()}",
         ]
 
 
@@ -111,7 +113,9 @@ def check_columns(spec: JobSpec) -> None:
     """Fail at plan time when the rows lack what the prompt needs; name what is there."""
     if spec.input.format == "openai_batch":
         return
-    rows = bio.peek_rows(spec.input.path, spec.input.format)
+    rows = hf_input.peek(spec.input) if hf_input.is_hf(spec.input) else bio.peek_rows(spec.input.path, spec.input.format)
+    if spec.input.columns:
+        rows = [hf_input.keep_columns(r, spec.input.columns) for r in rows]
     if not rows:
         return
     present = sorted({k for r in rows for k in r if not k.startswith("_")})
@@ -158,15 +162,20 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     else:
         model = models.ResolvedModel(spec.model.source, "embedded",
                                      str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
-    files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
-    shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
+    if hf_input.is_hf(spec.input):
+        shards = hf_input.plan(spec.input, spec.output.shard_rows)
+    else:
+        files = bio.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
+        shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
     check_columns(spec)
     task, embedding_dims = job_task(spec, model, engine)
-    key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
-    columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
-    planned_now = columns is None
-    if planned_now:
-        columns = bio.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
+    columns, planned_now, key = None, False, None
+    if not hf_input.is_hf(spec.input):  # a dataset's Arrow/parquet files are typed already
+        key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
+        columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
+        planned_now = columns is None
+        if planned_now:
+            columns = bio.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
@@ -175,10 +184,11 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs,
         sampling=spec.sampling.as_params() if task == "generate" else {},
-        prompt=prompt_parts,
+        prompt={**prompt_parts, **({"input_columns": spec.input.columns} if spec.input.columns else {})},
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
-    parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
+    if columns is not None:
+        parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
     fp = fingerprint(parts)
     out = OutputFolder(spec.output.path, spec.output.format)
     if dry_run:
@@ -241,16 +251,18 @@ def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
     return spec.compute.batch_size
 
 
-def init_ray(address: str | None, min_cpus: float = 1) -> None:
-    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray."""
+def init_ray(address: str | None, min_cpus: float = 1, runtime_env: dict[str, Any] | None = None) -> None:
+    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray. `runtime_env` (the job's
+    `environment:`) becomes the job's Ray runtime_env: every replica and task runs in it."""
     import ray
 
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
+                 runtime_env=runtime_env)
     if address:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR", runtime_env=runtime_env)
     else:
         from fleetllm.batch.local_run import local_cpus
 
@@ -266,10 +278,14 @@ def init_ray(address: str | None, min_cpus: float = 1) -> None:
     ctx.verbose_progress = False
 
 
-def _read_shard_rows(item: dict[str, Any], declared: str, columns=None) -> list[dict[str, Any]]:
-    """A shard's rows, each value as the job's column plan types it (so every block agrees)."""
+def _read_shard_rows(item: dict[str, Any], declared: str, columns=None,
+                     keep: list[str] | None = None) -> list[dict[str, Any]]:
+    """A shard's rows, each value as the job's column plan types it (so every block agrees); `keep`:
+    input.columns (the chosen columns only)."""
     shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
     rows = bio.read_shard(shard, declared, shard.path)
+    if keep:
+        rows = [hf_input.keep_columns(row, keep) for row in rows]
     for row in rows:
         row["_shard"] = shard.shard_id
         row["_file"] = shard.rel
@@ -309,7 +325,8 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     items = [s.to_dict() for s in plan.pending]
     declared = spec.input.format
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns}, num_cpus=0.25)
+    ds = ds.flat_map(_read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns,
+                                                  "keep": spec.input.columns}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
     # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
     # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
@@ -380,7 +397,9 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         plan = plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
     else:  # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
         c = spec.compute
-        init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1))
+        spec.environment.check_local()
+        init_ray(spec.cluster.address, c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1),
+                 runtime_env=spec.environment.runtime_env())
         wait_for_cluster(spec, console)
         plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
@@ -396,10 +415,14 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
     first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
+    series = RunSeries(t0)  # what `fleetllm report` draws (fleetllm/report/series.py)
 
     def commit(shard: Shard, table) -> None:
         nonlocal last_commit
+        series.batch(table)
+        commit_started = time.time()
         entry = _commit_shard(out, plan, shard, table, writer)
+        series.commit(entry, commit_started)
         for k in totals:
             totals[k] += getattr(entry, k)
         progress.advance(entry.rows, entry.output_tokens, entry.errors)
@@ -437,6 +460,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.local_run)
     if ready_at:
         report["engine_ready_after_start_s"] = round(ready_at[0] - t0, 3)  # command start -> engine ready
+    report["series"] = series.as_dict(ready_at[0] if ready_at else None, generation_wall, wall)
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit

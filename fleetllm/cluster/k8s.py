@@ -98,13 +98,17 @@ def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int 
             "rayClusterSpec": ray_cluster_spec(head, workers),
         },
     }
+    if job.environment.runtime_env():  # the job's environment: (pip, env_vars, working_dir)
+        rayjob["spec"]["runtimeEnvYAML"] = yaml.safe_dump(job.environment.runtime_env(), sort_keys=False)
     return [config_map(cm_name, "job.yaml", spec_text, labels, opts.namespace), rayjob]
 
 
 def job_path_notes(job: JobSpec) -> list[str]:
     """Warnings for paths that only exist on the machine that renders the manifests."""
     notes = []
-    for field_name, path in (("input.path", job.input.path), ("output.path", job.output.path)):
+    wd = job.environment.working_dir
+    for field_name, path in (("input.path", job.input.path), ("output.path", job.output.path),
+                             *((("environment.working_dir", wd),) if wd else ())):
         if "://" not in path:
             notes.append(
                 f"{field_name} {path!r} is a local path; inside the cluster use a URL (s3://, gs://, ...) "
@@ -137,6 +141,7 @@ def serve_config(view: ServeView) -> dict[str, Any]:
                 "route_prefix": "/",
                 "import_path": SERVE_APP_IMPORT_PATH,
                 "args": {"spec": cluster_serve_spec(view.spec_dict())},
+                **({"runtime_env": view.spec.environment.runtime_env()} if view.spec.environment.runtime_env() else {}),
             }
         ],
     }

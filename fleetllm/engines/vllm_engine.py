@@ -17,6 +17,7 @@ engines see identical prompts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import os
@@ -167,6 +168,14 @@ class VLLMEngine(Engine):
             llm, self._llm = self._llm, None
 
             async def shutdown() -> None:
+                # AsyncLLM.shutdown() stops the engine core before it cancels its output handler, which
+                # meanwhile fails with EngineDeadError and logs it as an ERROR; nothing is in flight at
+                # stop(), so cancel the handler first, then shut the engine down.
+                handler = getattr(llm, "output_handler", None)
+                if handler is not None and not handler.done():
+                    handler.cancel()
+                    with contextlib.suppress(BaseException):
+                        await handler
                 llm.shutdown()
 
             try:

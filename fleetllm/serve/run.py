@@ -34,6 +34,7 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
                      f"{m.gpus_per_replica:g} GPU per replica")
         if m.engine_kwargs:
             lines.append(f"    engine_kwargs: {m.engine_kwargs}")
+    lines.append(f"environment: {spec.environment.describe()}")
     return lines
 
 
@@ -48,6 +49,7 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
     host = host or spec.host
     port = port or spec.port
     check_port_free(host, port)
+    spec.environment.check_local()
     if not ray.is_initialized():
         address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))

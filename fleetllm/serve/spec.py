@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from fleetllm.spec import ClusterSpec, StrictModel, load_yaml, parse_spec
+from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
 
 
 class AutoscalingSpec(StrictModel):
@@ -94,6 +94,8 @@ class ServeSpec(StrictModel):
     api_key: str | None = Field(None, description="Bearer token clients must send; default: $FLEETLLM_API_KEY.")
     models: list[ServeModelSpec] = Field(..., min_length=1, description="The models served, routed by `model`.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
+                                         description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "ServeSpec":
@@ -107,7 +109,11 @@ class ServeSpec(StrictModel):
         return self.api_key or os.environ.get("FLEETLLM_API_KEY") or None
 
     def llm_configs(self) -> list["LLMConfig"]:
-        return [m.to_llm_config() for m in self.models]
+        configs = [m.to_llm_config() for m in self.models]
+        env = self.environment.runtime_env()
+        for cfg in configs if env else []:  # the replicas run in the spec's environment
+            cfg.deployment_config["ray_actor_options"]["runtime_env"] = env
+        return configs
 
 
 class ModelLoadingConfig(StrictModel):

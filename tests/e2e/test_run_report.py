@@ -1,0 +1,77 @@
+"""A run worth watching: `fleetllm run` is quiet (its own lines only; Ray's and the engine's kept in
+OUT/_fleetllm/logs/), and `fleetllm report OUT` writes a page that headless Chromium renders with
+its charts."""
+
+import json
+import re
+
+import pytest
+from test_cli_run import fleetllm, write_job
+
+from fleetllm.testing.browser import chromium, screenshot
+
+NOISE = re.compile(r"ERROR|Traceback|core_worker")
+
+
+def assert_quiet_and_logged(proc, out):
+    terminal = proc.stdout + proc.stderr
+    assert not NOISE.search(terminal), terminal[-3000:]
+    logs = list((out / "_fleetllm" / "logs").glob("run-*.log"))
+    assert logs and f"logs: {out / '_fleetllm' / 'logs'}" in terminal
+    assert list((out / "_fleetllm" / "logs" / "ray").glob("worker-*")), "the Ray workers' logs are kept"
+
+
+def test_quiet_run_then_a_report_a_browser_renders(tmp_path, tiny_model):
+    rows = [{"id": f"r{i}", "instruction": f"Count to {i}."} for i in range(10)] + [{"id": "bad", "other": "x"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = write_job(tmp_path, model={"source": tiny_model}, sampling={"max_tokens": 6},
+                    output={"shard_rows": 4}, compute={"cpus_per_replica": 1, "batch_size": 4})
+    proc = fleetllm("run", str(job), "--max-error-rate", "0.5", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert_quiet_and_logged(proc, out)
+    run = json.loads((out / "run.json").read_text())
+    series = run["series"]
+    assert [p[1] for p in series["commits"]["points"]] and sum(p[1] for p in series["commits"]["points"]) == 11
+    assert sum(r["rows"] for r in series["replicas"]) == 11
+    assert set(series["time_split_s"]) == {"start_up", "generation", "commit", "other"}
+
+    rep = fleetllm("report", str(out), timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    page = (out / "report.html").read_text()
+    charts = re.findall(r'data-chart="([^"]+)"><svg', page)
+    assert charts == ["Throughput", "Time split", "Input tokens", "Output tokens", "Replicas", "Nodes"]
+    assert "prompt.template needs column" in page and "<code>bad</code>" in page  # errors by kind, with the row
+    assert not re.search(r"<script|<link|<img|src=|@import", page)  # self-contained: nothing fetched
+
+    if chromium() is None:
+        pytest.skip("chromium is not installed (make test installs it)")
+    png = screenshot(out / "report.html", tmp_path / "report.png")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(png))[..., :3].reshape(-1, 3)
+    blue = ((abs(pixels[:, 0] - 0x4C / 255) < 0.03) & (abs(pixels[:, 1] - 0x78 / 255) < 0.03)
+            & (abs(pixels[:, 2] - 0xA8 / 255) < 0.03)).sum()
+    orange = ((abs(pixels[:, 0] - 0xF5 / 255) < 0.03) & (abs(pixels[:, 1] - 0x85 / 255) < 0.03)).sum()
+    assert blue > 2000 and orange > 2000, (blue, orange)  # the charts are drawn, not just the text
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_a_vllm_job_ends_without_engine_dead_errors(tmp_path, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "instruction": f"Say {i}."}) + "\n"
+                                               for i in range(4)))
+    job = write_job(tmp_path, model={"engine": "vllm", "engine_kwargs": {"max_model_len": 1024}},
+                    sampling={"max_tokens": 4}, compute={"cpus_per_replica": 1})
+    proc = fleetllm("run", str(job), timeout=800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert_quiet_and_logged(proc, out)
+    kept = "".join(p.read_text(errors="replace") for p in (out / "_fleetllm" / "logs").rglob("*") if p.is_file())
+    assert "vLLM" in kept or "vllm" in kept  # the replica's engine log is kept...
+    assert "output_handler failed" not in kept and "EngineDeadError" not in kept  # ...and ends cleanly

@@ -36,4 +36,6 @@ def test_the_drivers_call_runs_as_written_against_fleetllm_serve(tmp_path):
         bad_key = subprocess.run([sys.executable, str(ROOT / "examples" / "ai_accessor.py")],
                                  env={**env, "API_KEY": "wrong"}, cwd=tmp_path, capture_output=True, text=True,
                                  timeout=600)
-        assert "Wrote 16 rows (16 failed)" in bad_key.stdout, bad_key.stdout + bad_key.stderr[-2000:]
+        # a refused key is not the rows' fault: the pipeline stops naming it, no row is written as an answer
+        assert bad_key.returncode != 0 and "Wrote" not in bad_key.stdout, bad_key.stdout + bad_key.stderr[-2000:]
+        assert "refused the api key (HTTP 401" in bad_key.stderr, bad_key.stderr[-2000:]

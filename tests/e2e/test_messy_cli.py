@@ -50,7 +50,7 @@ def test_query_with_a_wrong_key_commits_nothing_and_the_rerun_computes_all(tmp_p
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "refused the api key (HTTP 401: Incorrect API key provided)" in proc.stderr
         assert "OPENAI_API_KEY" in proc.stderr and "Traceback" not in proc.stderr
-        assert not list((tmp_path / "out").glob("part-*")) and not (tmp_path / "out" / "_fleetllm").exists()
+        assert not list((tmp_path / "out").glob("part-*")) and not list((tmp_path / "out").rglob("*.json"))
         proc = fleetllm("query", str(spec), env={"OPENAI_API_KEY": "sk-right"}, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Wrote 8 rows" in proc.stdout and "(8 computed, 0 resumed, 0 errors" in proc.stdout
@@ -67,7 +67,7 @@ def test_query_against_an_endpoint_that_is_down_or_serves_another_model(tmp_path
     proc = fleetllm("query", str(spec), timeout=300)  # the server is gone now
     assert proc.returncode == 2 and "cannot be reached (connection error" in proc.stderr
     assert "start it or fix model.engine_kwargs.base_url" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "out" / "_fleetllm").exists()
+    assert not list((tmp_path / "out").rglob("*.json"))  # no job, no commit (the lock's folder may stay)
 
 
 def test_run_with_an_unwritable_output_is_a_clear_error_before_ray(tmp_path, tiny_model):
@@ -80,7 +80,7 @@ def test_run_with_an_unwritable_output_is_a_clear_error_before_ray(tmp_path, tin
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     proc = fleetllm("run", str(tmp_path / "job.yaml"), timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"output.path '{tmp_path / 'file' / 'out'}' cannot be written (Not a directory" in proc.stderr
+    assert "Not a directory" in proc.stderr and str(tmp_path / "file" / "out") in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and "engine:" not in proc.stderr  # stopped before Ray and the plan
 
     # the reproduction: a string then a number in the template column, ids mixing types

@@ -36,8 +36,10 @@ def test_in_process_run_equals_the_ray_run_and_resumes_it(tmp_path, tiny_model):
                 for r in read_rows(folder)}
 
     assert outputs(local_out) == outputs(ray_out)
-    manifest = [json.loads(x) for x in (local_out / "_fleetllm" / "manifest.jsonl").read_text().splitlines()]
-    ray_manifest = [json.loads(x) for x in (ray_out / "_fleetllm" / "manifest.jsonl").read_text().splitlines()]
+    from fleetllm.batch.commit import OutputFolder
+
+    manifest = [vars(e) for e in OutputFolder(str(local_out), "parquet").read_commits().values()]
+    ray_manifest = [vars(e) for e in OutputFolder(str(ray_out), "parquet").read_commits().values()]
     # (shard fingerprints name the input file, which differs between the two folders)
     assert sorted((m["shard"], m["rows"], m["errors"], m["output_tokens"]) for m in manifest) == \
         sorted((m["shard"], m["rows"], m["errors"], m["output_tokens"]) for m in ray_manifest)

@@ -31,8 +31,6 @@ def _cases(engine: str):
         (dict(logit_bias={"99999999": 5}), "logit_bias",
          f"`logit_bias` token id 99999999 is outside the model's vocabulary (ids 0 to {VOCAB - 1})"),
         (dict(extra_body={"top_k": 10**9}), "top_k", f"`top_k` {10**9} is larger than the model's vocabulary ({VOCAB})"),
-        (dict(response_format={"type": "json_object"}), "response_format",
-         f"`response_format` is not supported by the {engine} engine; engines that honour it: openai"),
         (dict(extra_body={"frobnicate": 1}), "frobnicate",
          "`frobnicate` is not a request field fleetllm knows; remove it or check its spelling (known: ..."),
         (dict(messages=[{"role": "user", "content": "word " * 40_000}]), None, "..."),

@@ -64,8 +64,6 @@ CASES = [
     (chat(logit_bias={"x": 1}), 400, "logit_bias", "`logit_bias` keys must be token ids, got 'x'"),
     (chat(n=1000), 400, "n", "n: Input should be less than or equal to 16 (got 1000)"),
     (chat(presence_penalty=3), 400, "presence_penalty", "`presence_penalty` must be in [-2.0, 2.0], got 3"),
-    (chat(response_format={"type": "json_object"}), 400, "response_format",
-     "`response_format` is not supported by the transformers engine; engines that honour it: openai"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
      "`tools` is not supported by the transformers engine (tool calls are not parsed by fleetllm); "
      "no fleetllm engine honours it"),

@@ -39,15 +39,12 @@ def load(out_path: str) -> ReportData:
     run_json = posixpath.join(root, "run.json")
     if not fs.exists(run_json):
         raise InputError(f"{out_path!r} has no run.json; give the output folder of a finished `fleetllm run`")
-    data = ReportData(json.loads(fs.cat(run_json)))
-    manifest = posixpath.join(root, "_fleetllm", "manifest.jsonl")
-    entries = []
-    if fs.exists(manifest):
-        for line in fs.cat(manifest).decode().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line
+    run = json.loads(fs.cat(run_json))
+    data = ReportData(run)
+    from fleetllm.batch.commit import OutputFolder  # the commit protocol's own reader (old manifests too)
+
+    fmt = ((run.get("spec") or {}).get("output") or {}).get("format", "parquet")
+    entries = [vars(e) for e in OutputFolder(out_path, fmt).read_commits().values()]
     nodes: dict[str, float] = defaultdict(float)
     for e in entries:
         for n in e.get("nodes") or ["(unknown)"]:

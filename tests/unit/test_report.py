@@ -20,8 +20,9 @@ def make_output(root):
     rows[5]["error"] = "prompt has 4100 tokens; the model's context is 2048"
     pq.write_table(pa.Table.from_pylist(rows[:3]), root / "part-00000.parquet")
     pq.write_table(pa.Table.from_pylist(rows[3:]), root / "part-00001.parquet")
-    manifest = [{"shard": 0, "file": "part-00000.parquet", "rows": 3, "errors": 0, "nodes": ["n1"]},
-                {"shard": 1, "file": "part-00001.parquet", "rows": 3, "errors": 2, "nodes": ["n2"]}]
+    common = {"input_tokens": 0, "output_tokens": 0, "fingerprint": "f"}  # a legacy manifest (commit.py reads it)
+    manifest = [{"shard": 0, "file": "part-00000.parquet", "rows": 3, "errors": 0, "nodes": ["n1"], **common},
+                {"shard": 1, "file": "part-00001.parquet", "rows": 3, "errors": 2, "nodes": ["n2"], **common}]
     (root / "_fleetllm" / "manifest.jsonl").write_text("".join(json.dumps(m) + "\n" for m in manifest) + '{"torn')
     run = {"name": "t", "rows": 6, "errors": 2, "error_rate": 2 / 6, "complete": True,
            "series": {"commits": {"points": [[3.0, 3, 15, 0, 60], [5.0, 3, 14, 2, 70]]},

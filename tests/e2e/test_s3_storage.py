@@ -146,11 +146,14 @@ def test_two_runs_on_one_prefix_one_refuses_and_overwrite_keeps_foreign_objects(
     assert sorted(r["row_id"] for r in read_back(s3, "two/out")) == [f"t{i}" for i in range(8)]
 
     fs.pipe_file("bkt/two/out/data.parquet", b"not fleetllm's")
-    before = sorted(fs.find("bkt/two/out"))
+    def listing():  # the run's logs (_fleetllm/logs/) are kept even for a refused run
+        return sorted(p for p in fs.find("bkt/two/out") if "/_fleetllm/logs/" not in p)
+
+    before = listing()
     refused = fleetllm(s3, "run", str(job), "--overwrite", timeout=300)
     assert refused.returncode == 2 and "fleetllm did not write: data.parquet" in refused.stderr
     fs.invalidate_cache()
-    assert sorted(fs.find("bkt/two/out")) == before
+    assert listing() == before
     fs.rm("bkt/two/out/data.parquet")
     again = fleetllm(s3, "run", str(job), "--overwrite")
     assert again.returncode == 0, again.stderr[-3000:]

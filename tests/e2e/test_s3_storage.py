@@ -165,7 +165,7 @@ def test_an_openai_batch_file_in_and_out_of_s3(s3, tmp_path, tiny_model):
     lines = [{"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
               "body": {"model": "m", "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 3}}
              for i in range(5)]
-    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}})
+    lines.append({"custom_id": "bad", "method": "POST", "url": "/v1/images/generations", "body": {"input": "x"}})
     put_lines("s3://bkt/batch/in.jsonl", lines)
     job = write_job(tmp_path, "batch", tiny_model, input={"format": "openai_batch", "id_column": None},
                     prompt={"template": None}, output={"format": "openai_batch"})  # the lines hold the requests

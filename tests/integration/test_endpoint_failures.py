@@ -44,8 +44,8 @@ def rows_of(path) -> dict[str, dict]:
 
 
 def committed_lines(tmp_path: Path) -> int:
-    manifest = tmp_path / "out" / "_fleetllm" / "manifest.jsonl"
-    return len(manifest.read_text().splitlines()) if manifest.exists() else 0
+    commits = tmp_path / "out" / "_fleetllm" / "commits"  # one commit object per shard (batch/commit.py)
+    return len(list(commits.glob("*.json"))) if commits.exists() else 0
 
 
 def test_the_engine_raises_on_a_refused_key_and_keeps_a_400_as_the_rows_error():

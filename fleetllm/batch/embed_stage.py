@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from fleetllm.batch.stages import TemplatePreprocessor, render_template
+from fleetllm.batch.stages import TemplatePreprocessor, render_template, replica_node_id
 from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult
 from fleetllm.errors import FleetError
 
@@ -87,15 +87,7 @@ class EmbedStage:
         self.engine.start()
         self.max_retries = 0 if self.engine.retries_requests else max_retries
         self.ready_at = time.time()
-        if node_id is not None:  # in process (fleetllm.batch.local_run): no Ray
-            self.node_id = node_id
-            return
-        try:
-            import ray
-
-            self.node_id = ray.get_runtime_context().get_node_id()
-        except Exception:
-            self.node_id = ""
+        self.node_id = replica_node_id(node_id)
 
     def _embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
         """The batch; when the engine raises as a whole, each request alone, up to max_retries times."""

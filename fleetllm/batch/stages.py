@@ -200,6 +200,19 @@ def result_columns(result: GenerationResult, attempts: int, n: int,
     return cols
 
 
+def replica_node_id(node_id: str | None = None) -> str:
+    """The node a replica runs on: `node_id` as given (in-process runs, fleetllm.batch.local_run, have no
+    Ray node), else the Ray node's id, else ""."""
+    if node_id is not None:
+        return node_id
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:
+        return ""
+
+
 class EngineStage:
     """A Ray Data callable class: one engine per actor (replica), loaded once."""
 
@@ -218,15 +231,7 @@ class EngineStage:
         if self.engine.retries_requests:
             self.max_retries = 0  # the engine retries each request itself; no second budget on top
         self.ready_at = time.time()  # lets the report measure throughput after engine start
-        if node_id is not None:  # in-process runs (fleetllm.batch.local_run): no Ray node
-            self.node_id = node_id
-            return
-        try:
-            import ray
-
-            self.node_id = ray.get_runtime_context().get_node_id()
-        except Exception:
-            self.node_id = ""
+        self.node_id = replica_node_id(node_id)
 
     def __call__(self, batch):
         import pyarrow as pa

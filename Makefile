@@ -37,7 +37,7 @@ chromium:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
 test: install-test model chromium
-	$(PY) -m pytest tests -q --timeout=900
+	$(PY) -m pytest tests -q --timeout=900 --durations=40
 
 clean:
 	rm -rf $(VENV) out

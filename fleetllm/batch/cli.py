@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +53,8 @@ def execute_job(spec, args) -> int:
         with captured_output(spec.output.path, verbose=getattr(args, "verbose", False)) as (_, err, log_path):
             console = Console(file=err)
             report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console)
-    finally:
-        console.print(f"logs: {log_path[0] if log_path else '(none)'}")
+    finally:  # one unwrapped line: a long path must stay whole for copy-paste (and for grep)
+        print(f"logs: {log_path[0] if log_path else '(none)'}", file=sys.stderr, flush=True)
     print(f"Wrote {report['rows']} rows to {spec.output.path}"
           f" ({report['rows_computed']} computed, {report['rows_skipped']} resumed, {report['errors']} errors;"
           f" {report['output_tokens_per_s']} output tokens/s)")

@@ -51,7 +51,9 @@ def captured_output(out_path: str, verbose: bool = False) -> Iterator[tuple[Text
     terminal_err = os.fdopen(os.dup(saved[1]), "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    sys.stdout = terminal_out  # print() reaches the terminal; libraries' handlers hold fd 2, the log
+    # sys.stdout stays on fd 1, the log: vLLM's logging handler is bound to sys.stdout when vLLM is
+    # imported (during the run), and library print()s belong in the log too. fleetllm's own lines go
+    # to the yielded terminal streams.
     try:
         yield terminal_out, terminal_err, where
     finally:

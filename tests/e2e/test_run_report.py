@@ -10,7 +10,7 @@ from test_cli_run import fleetllm, write_job
 
 from fleetllm.testing.browser import chromium, screenshot
 
-NOISE = re.compile(r"ERROR|Traceback|core_worker")
+NOISE = re.compile(r"ERROR|Traceback|core_worker|INFO \d\d-\d\d|WARNING \d\d-\d\d")  # vLLM log lines: "INFO 12-03 23:41:16 [model.py:733]"
 
 
 def assert_quiet_and_logged(proc, out):

@@ -96,6 +96,30 @@ def write_job(work: Path, model: str, engine: str, engine_kwargs: dict, compute:
 # --- one leg -------------------------------------------------------------------------------------
 
 
+# vLLM's lines that mark a start-up phase, timed (to the second) from the leg's start
+MARKS = {"config": "Resolved architecture", "engine_core": "Initializing a V1 LLM engine",
+         "model_loaded": "Model loading took", "kv_cache": "GPU KV cache size", "graphs": "Graph capturing finished",
+         "engine_ready": "init engine", "shutdown": "[shutdown]"}
+STAMP = re.compile(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
+
+
+def log_marks(text: str, t0: float) -> dict[str, float]:
+    """{phase: seconds after the leg started} from the first log line of each phase (vLLM stamps lines
+    with local time to the second)."""
+    marks: dict[str, float] = {}
+    year = time.localtime(t0).tm_year
+    for line in text.splitlines():
+        for name, needle in MARKS.items():
+            if name in marks or needle not in line:
+                continue
+            m = STAMP.search(line)
+            if m:
+                mo, d, h, mi, sec = map(int, m.groups())
+                at = time.mktime((year, mo, d, h, mi, sec, 0, 0, -1))
+                marks[name] = round(at - t0, 1)
+    return marks
+
+
 def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path: Path | None = None) -> dict:
     """Run one command cold; its wall time, the generation figures it reports, vLLM's start-up lines."""
     t0 = time.time()
@@ -123,15 +147,23 @@ def run_leg(name: str, cmd: list[str], timeout_s: float, env: dict, report_path:
             gen = json.loads(line[4:])
             res.update(generation_s=round(gen["seconds"], 3), output_tokens=gen["output_tokens"],
                        output_tokens_per_s=round(gen["output_tokens"] / gen["seconds"], 1))
+    logs = ""
+    if report_path is not None:  # a quiet fleetllm run keeps vLLM's lines in OUT/_fleetllm/logs/
+        for log in sorted(report_path.parent.glob("_fleetllm/logs/run-*.log")):
+            if log.stat().st_mtime >= t0:  # this leg's log, not an earlier run's kept beside it
+                logs += log.read_text(errors="replace")
+            log.unlink()
     if report_path is not None and report_path.exists():
         rep = json.loads(report_path.read_text())
+        res["timeline_s"] = rep.get("timeline_s")
         res.update(generation_s=rep.get("generation_wall_s"), output_tokens=rep.get("output_tokens_computed"),
                    output_tokens_per_s=rep.get("output_tokens_per_s_after_engine_start"),
                    fleetllm_wall_s=rep.get("wall_time_s"), in_process=rep.get("in_process"),
                    engine_ready_after_start_s=rep.get("engine_ready_after_start_s"), teardown_s=rep.get("teardown_s"))
         report_path.unlink()
-    res["engine_log"] = sorted({re.sub(r"^.*?\] ", "", ln)[:400] for ln in (out + err).splitlines()
+    res["engine_log"] = sorted({re.sub(r"^.*?\] ", "", ln)[:400] for ln in (out + err + logs).splitlines()
                                 if ENGINE_LOG.search(ln)})
+    res["marks_s"] = log_marks(out + err + logs, t0)
     if rc != 0:
         res["failed"] = (out[-1500:] + "\n" + err[-4000:])
         if os.environ.get("E2E_FAIL_DIR"):  # the whole output of a failed leg, for diagnosis
@@ -280,6 +312,15 @@ def gpu_mode(args, throughput: bool = False) -> None:
                     "plain_vllm": (plain + ["--out", str(work / "p.jsonl"), "--engine-kwargs", json.dumps(vk)], None),
                     "fleetllm": fleet}
             pairs = {"fleetllm": "run_batch", "fleetllm/plain": "plain_vllm"}
+            if args.variant:  # fleetllm with more engine arguments in its job (a candidate default)
+                vjob = write_job(work, model, "vllm", {**vk, **json.loads(args.variant)}, {"replicas": 1}, "fleetllm_v")
+                legs["fleetllm_v"] = ([py, "-m", "fleetllm", "run", str(vjob), "--overwrite"],
+                                      work / "out-fleetllm_v" / "run.json")
+                pairs["fleetllm_v"] = "run_batch"
+                pairs["fleetllm_v/fleetllm"] = "fleetllm"
+            if args.legs:
+                legs = {k: v for k, v in legs.items() if k in args.legs.split(",")}
+                pairs = {k: v for k, v in pairs.items() if k.split("/")[0] in legs and v in legs}
         else:  # bare vLLM at its defaults, at the settings fleetllm gives it, and fleetllm at its defaults
             same = {**vk, **fleetllm_vllm_settings(len(rows))}
             legs = {"bare_defaults": (plain + ["--out", str(work / "b.jsonl"), "--engine-kwargs", json.dumps(vk)], None),
@@ -390,6 +431,8 @@ def main() -> None:
         g.add_argument("--shape", default="llama3-8b-shape")
         g.add_argument("--workload", default="a1024")
         g.add_argument("--engine-kwargs", default="{}", help="JSON added to every leg's vLLM arguments")
+        g.add_argument("--variant", default="", help="JSON engine arguments of an extra leg, fleetllm_v (gpu mode)")
+        g.add_argument("--legs", default="", help="comma-separated legs to run (gpu mode; default: all)")
     for s in (c, *(sub.choices[n] for n in ("gpu", "throughput"))):
         s.add_argument("--rounds", type=int, default=3)
         s.add_argument("--budget-s", type=float, default=3600, help="stop starting legs past this (whole run)")

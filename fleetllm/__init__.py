@@ -10,7 +10,10 @@ Public API (imported lazily, so `import fleetllm` loads no torch, transformers, 
 from __future__ import annotations
 
 import importlib
+import time as _time
 from typing import Any
+
+STARTED_AT = _time.time()  # when fleetllm was first imported: the origin of run.json's `timeline_s`
 
 __version__ = "0.1.0"
 

@@ -108,10 +108,10 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
         from fleetllm.batch.tokenize_stage import load_tokenizer
 
         load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
+    times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0, "engine_start": time.time()}
     starter = EngineStarter(pool.stage_class(), pool.stage_kwargs())
     declared = plan.spec.input.format
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
-    times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
 
     def shard_table(shard) -> Any:
         rows = [preprocessor(r) for r in _read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]

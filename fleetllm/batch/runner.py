@@ -375,6 +375,15 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate, console=console)
 
 
+def timeline(**stamps: float | None) -> dict[str, float]:
+    """Each phase's moment, in seconds since fleetllm was imported (where a whole command's time goes:
+    imports, planning, the engine's start, generation, the last commit)."""
+    import fleetllm
+
+    return {k: round(v - fleetllm.STARTED_AT, 3) for k, v in stamps.items()
+            if v is not None and 0 < v < float("inf")}
+
+
 def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
              max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
@@ -402,6 +411,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                  runtime_env=spec.environment.runtime_env())
         wait_for_cluster(spec, console)
         plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+    planned_at = time.time()
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
@@ -413,6 +423,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     by_id = {s.shard_id: s for s in plan.pending}
     writer = shard_writer(spec.output.format)
     t_engine = time.time()  # fallback start of generation when no replica reported readiness
+    engine_start_at = t_engine
     first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
     series = RunSeries(t0)  # what `fleetllm report` draws (fleetllm/report/series.py)
@@ -433,6 +444,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             times = local_run.run_shards(plan, preprocessor, commit)
             ready_at.append(times["ready"])
             first_call, last_done = times["first_call"], times["last_done"]
+            engine_start_at = times["engine_start"]
         elif plan.pending:
             ds = build_dataset(plan, preprocessor)
             assembler = ShardAssembler(plan.pending)
@@ -460,6 +472,9 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.local_run)
     if ready_at:
         report["engine_ready_after_start_s"] = round(ready_at[0] - t0, 3)  # command start -> engine ready
+    report["timeline_s"] = timeline(t0=t0, planned=planned_at, engine_start=engine_start_at,
+                                    engine_ready=ready_at[0] if ready_at else None, first_batch=first_call,
+                                    last_batch_done=last_done, last_commit=last_commit, end=time.time())
     report["series"] = series.as_dict(ready_at[0] if ready_at else None, generation_wall, wall)
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)

@@ -54,7 +54,8 @@ def execute_job(spec, args) -> int:
             console = Console(file=err)
             report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console)
     finally:  # one unwrapped line: a long path must stay whole for copy-paste (and for grep)
-        print(f"logs: {log_path[0] if log_path else '(none)'}", file=sys.stderr, flush=True)
+        if log_path and log_path[0]:
+            print(f"logs: {log_path[0]}", file=sys.stderr, flush=True)
     print(f"Wrote {report['rows']} rows to {spec.output.path}"
           f" ({report['rows_computed']} computed, {report['rows_skipped']} resumed, {report['errors']} errors;"
           f" {report['output_tokens_per_s']} output tokens/s)")

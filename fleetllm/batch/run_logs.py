@@ -73,10 +73,14 @@ def captured_output(out_path: str, verbose: bool = False) -> Iterator[tuple[Text
 
 
 def _keep(folder: str, out_path: str) -> str:
-    """Move the logs into OUT/_fleetllm/logs/ when OUT is this job's; returns where they are."""
+    """Move the logs into OUT/_fleetllm/logs/ when OUT is this job's; returns where they are ("" when a
+    refused run wrote nothing to them, and they are removed)."""
     try:
         fs, root = fsspec.core.url_to_fs(out_path)
         if not fs.exists(posixpath.join(root, META, "job.json")):
+            if not _holds_anything(folder):  # a run refused before it started: no log worth keeping
+                shutil.rmtree(folder, ignore_errors=True)
+                return ""
             return folder
         target = posixpath.join(root, LOG_DIR)
         fs.makedirs(target, exist_ok=True)
@@ -85,6 +89,10 @@ def _keep(folder: str, out_path: str) -> str:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     return out_path.rstrip("/") + "/" + LOG_DIR
+
+
+def _holds_anything(folder: str) -> bool:
+    return any(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
 def _copy_worker_logs(folder: str) -> None:

@@ -371,8 +371,40 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     """Run a job; a real run holds the output folder's lock throughout (a second run refuses)."""
     if dry_run:
         return _run_job(spec, overwrite=overwrite, dry_run=True, max_error_rate=max_error_rate, console=console)
-    with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
-        return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate, console=console)
+    created = folders_to_create(spec.output.path)
+    try:
+        with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
+            return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
+                            console=console)
+    except BaseException:
+        remove_if_empty(created)  # a refused run leaves no folder of its own behind
+        raise
+
+
+def folders_to_create(url: str) -> list[str]:
+    """The local folders a run of this output path creates (OUT/_fleetllm, OUT and missing parents),
+    deepest first; [] for an object store (no folders there)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return []
+    missing, path = [], os.path.join(os.path.abspath(root), "_fleetllm")
+    while path and not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def remove_if_empty(folders: list[str]) -> None:
+    for folder in folders:  # deepest first; a folder that holds anything stays
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
 
 
 def timeline(**stamps: float | None) -> dict[str, float]:

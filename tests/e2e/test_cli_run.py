@@ -75,6 +75,20 @@ def test_bad_spec_gives_a_clear_error_and_exit_2(tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
+def test_a_job_refused_at_plan_time_leaves_no_folder_and_no_log(tmp_path):
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": 1, "instruction": "Hi"}) + "\n")
+    job = write_job(tmp_path, prompt={"template": "{nosuchcolumn}"})
+    job.write_text(job.read_text().replace(str(tmp_path / "out"), str(tmp_path / "new" / "out")))
+    proc = fleetllm("run", str(job), timeout=120)
+    assert proc.returncode == 2 and "uses column(s) ['nosuchcolumn'] that the input rows lack" in proc.stderr
+    assert not (tmp_path / "new").exists(), "the refused run created folders"
+    assert "logs:" not in proc.stderr, "a refused run that logged nothing points at no log"
+    (tmp_path / "mine").mkdir()  # a folder of the user's: kept, with nothing of fleetllm's in it
+    job.write_text(job.read_text().replace(str(tmp_path / "new" / "out"), str(tmp_path / "mine")))
+    assert fleetllm("run", str(job), timeout=120).returncode == 2
+    assert (tmp_path / "mine").is_dir() and not list((tmp_path / "mine").iterdir())
+
+
 def test_sigkill_then_resume_is_exactly_once(tmp_path, tiny_model):
     rows = [{"id": f"k{i:02d}", "instruction": f"Tell me about {i}."} for i in range(60)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

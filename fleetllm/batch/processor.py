@@ -85,7 +85,8 @@ class Processor:
         import ray
 
         from fleetllm import sizing
-        from fleetllm.batch.engine_pool import EnginePool, batches_in_flight
+        from fleetllm.batch.engine_pool import EnginePool
+        from fleetllm.sizing import batches_in_flight
 
         c = self.config
         if not ray.is_initialized():

@@ -210,7 +210,7 @@ class Engine(abc.ABC):
 ENGINES = {
     "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",
     "vllm": "fleetllm.engines.vllm_engine:VLLMEngine",
-    "openai": "fleetllm.engines.openai_http:OpenAIHTTPEngine",
+    "openai": "fleetllm.engines.openai.engine:OpenAIHTTPEngine",
 }
 
 

@@ -2,7 +2,7 @@
 
 Batches use padded `generate` (left padding, rows sorted by length, rows with equal sampling
 settings generated together): measured faster than transformers' continuous batching on an H200
-(../shared/gpu/README.md: 3,498 vs 982 output tokens/s, Llama-3-8B shape) and on this CPU.
+(3,498 vs 982 output tokens/s, Llama-3-8B shape) and on this CPU.
 """
 
 from __future__ import annotations

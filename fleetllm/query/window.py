@@ -28,8 +28,8 @@ def rows_in_flight_bound(batch_size: int, shard_rows: int, batches_in_flight: in
 
 def window_warnings(spec: Any) -> list[str]:
     """Warnings for a JobSpec with engine openai whose batching keeps the AIMD window from filling."""
-    from fleetllm.batch.engine_pool import batches_in_flight
-    from fleetllm.engines.openai_http import parse_engine_kwargs
+    from fleetllm.sizing import batches_in_flight
+    from fleetllm.engines.openai.engine import parse_engine_kwargs
 
     c, shard_rows = spec.compute, spec.output.shard_rows
     max_window = parse_engine_kwargs(spec.model.engine_kwargs).aimd.max_window

@@ -3,9 +3,9 @@
 `model.source` (the engine's model_path) is the served model id unless engine_kwargs.model is set.
 Requests with `messages` go to /chat/completions, requests with a raw `prompt` to /completions,
 embedding requests (`embed`) to /embeddings.
-Every request passes through one AIMD window (`fleetllm.query.aimd`) that lives as long as the
+Every request passes through one AIMD window (`fleetllm.engines.openai.aimd`) that lives as long as the
 engine, so the concurrency it learned carries over from one `generate` call to the next; retries
-follow `fleetllm.query.client`. A failed row comes back with `error` set and its `attempts`; none
+follow `fleetllm.engines.openai.client`. A failed row comes back with `error` set and its `attempts`; none
 is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
 
 Failures that are not the row's (the api key refused, the model not served, the endpoint unreachable
@@ -27,8 +27,8 @@ from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
 )
 from fleetllm.errors import EndpointError, EngineError, RowError, SpecError
-from fleetllm.query.aimd import AIMDConfig, AIMDController
-from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
+from fleetllm.engines.openai.client import CallResult, QueryClient, RetryPolicy
 
 # Sampling keys the OpenAI API takes as named arguments; others travel in extra_body (vLLM reads
 # top_k, min_tokens, ignore_eos, repetition_penalty, chat_template_kwargs... from there).
@@ -121,7 +121,7 @@ def check_endpoint(model_path: str, engine_kwargs: dict[str, Any], attempts: int
 
     import openai
 
-    from fleetllm.query.client import classify, endpoint_problem
+    from fleetllm.engines.openai.client import classify, endpoint_problem
 
     s = parse_engine_kwargs(engine_kwargs)
     model = s.model or model_path

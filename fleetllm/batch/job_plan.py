@@ -22,7 +22,7 @@ from fleetllm.batch.plan import Shard, plan_shards
 from fleetllm.batch.stages import WRITTEN_COLUMNS
 from fleetllm.batch.tokenize_stage import tokenizes_ahead
 from fleetllm.errors import InputError, PlanError
-from fleetllm.sizing import ReplicaPlan, batches_in_flight, engine_is_concurrent
+from fleetllm.sizing import ReplicaPlan, batches_in_flight
 from fleetllm.spec import JobSpec, template_fields
 
 
@@ -187,7 +187,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             record_columns(spec.output.path, key, columns)
         pending, committed = out.pending(shards, fp)
         out.discard_others(committed)  # other plans' shards are never read back mixed in
-    rows_per_call = rows_per_engine_call(spec, engine)
+    rows_per_call = sizing.rows_per_call(engine, spec.compute, spec.output.shard_rows)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
                    replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns)
@@ -226,14 +226,6 @@ def check_sampling_spec(spec: JobSpec, engine: str) -> None:
         check_sampling(spec.sampling.as_params(), engine)
     except FieldError as exc:
         raise PlanError(f"sampling: {exc}") from None
-
-
-def rows_per_engine_call(spec: JobSpec, engine: str) -> int:
-    """compute.batch_size; on engines that batch continuously, when batch_size is left at its default,
-    output.shard_rows: a shard is one block, handed over in one call, and the engine schedules its rows."""
-    if engine_is_concurrent(engine) and "batch_size" not in spec.compute.model_fields_set:
-        return spec.output.shard_rows
-    return spec.compute.batch_size
 
 
 def engine_pool(plan: JobPlan) -> EnginePool:

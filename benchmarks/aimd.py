@@ -3,7 +3,7 @@
 The server (fleetllm.testing.capacity_server, in a subprocess) serves C requests at a time, queues
 the rest (latency grows with load, as vLLM does) and answers 429 past a hard limit. The client does
 not know C. For every static concurrency 1, 2, 4, ..., 256 and for AIMD (starting at 8 in-flight
-requests, no tuning), the same rows go through the real openai client (fleetllm.query.client) and
+requests, no tuning), the same rows go through the real openai client (fleetllm.engines.openai.client) and
 we measure throughput, p99 row latency (first send to result, retries included) and 429s.
 A second part compares one global AIMD window shared by 4 clients against 4 per-client windows.
 
@@ -20,8 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from fleetllm.query.aimd import AIMDConfig, AIMDController
-from fleetllm.query.client import AsyncWindow, QueryClient, RetryPolicy
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
+from fleetllm.engines.openai.client import AsyncWindow, QueryClient, RetryPolicy
 from fleetllm.testing.capacity_server import CapacityServer
 
 STATIC = [1, 2, 4, 8, 16, 32, 64, 128, 256]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from fleetllm.batch.runner import plan_job
+    from fleetllm.batch.job_plan import plan_job
     from fleetllm.spec import JobSpec
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

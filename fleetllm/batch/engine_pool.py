@@ -9,8 +9,8 @@ both place replicas the same way:
 - engines that take batches from several threads at once (`Engine.concurrent_batches`: vLLM's async
   engine, the openai engine) get several calls in flight per replica, so the engine's running batch
   stays full while a finished call travels back and the next one arrives. A replica that drains one
-  synchronous batch before it may start the next starves vLLM: ../shared/gpu/README.md measured 0.40
-  of bare vLLM that way with batches of 64.
+  synchronous batch before it may start the next starves vLLM: it ran at 0.40 of bare vLLM that way
+  with batches of 64 on an H200 (benchmarks/NOTES.md, change 1). How many calls: fleetllm.sizing.batches_in_flight.
 - engines that take token ids (`Engine.takes_token_ids`: vLLM) get a stage before the replicas that
   renders the chat template and tokenizes (fleetllm.batch.tokenize_stage), so a replica submits a
   whole call at once;
@@ -21,34 +21,10 @@ both place replicas the same way:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetllm.sizing import ReplicaPlan
-
-# Requests a concurrent replica aims to hold: above vLLM's max_num_seqs (256 by default, up to 1024 on
-# H100/H200-class GPUs), so its scheduler always has waiting requests to admit.
-TARGET_ROWS_IN_FLIGHT = 1024
-MAX_BATCHES_IN_FLIGHT = 64
-
-
-def engine_is_concurrent(engine: str) -> bool:
-    from fleetllm.engines.base import engine_class
-
-    return bool(engine_class(engine).concurrent_batches)
-
-
-def batches_in_flight(engine: str, rows_per_call: int, requested: int | str = "auto") -> int:
-    """Calls one replica works on at once: 1 for engines that take one batch at a time; for
-    concurrent engines `requested`, or (auto) enough calls for TARGET_ROWS_IN_FLIGHT rows, at least 2
-    (the next call runs while the last rows of the previous one finish)."""
-    if not engine_is_concurrent(engine):
-        return 1
-    if requested != "auto":
-        return int(requested)
-    return max(2, min(MAX_BATCHES_IN_FLIGHT, math.ceil(TARGET_ROWS_IN_FLIGHT / rows_per_call)))
-
 
 @dataclass
 class EnginePool:

@@ -27,7 +27,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import io as bio
+from fleetllm.batch import io as input_files
 from fleetllm.batch.plan import Shard
 from fleetllm.errors import InputError
 
@@ -112,7 +112,8 @@ def _builder_files(path: str, name: str, revision: str | None) -> list[tuple[str
         f = str(f)
         rel = posixpath.relpath(f, root) if root and f.startswith(root) else posixpath.basename(f)
         declared = BUILDER_FORMATS[module]
-        files.append((f, rel, declared if declared != "auto" else bio.file_format(f.split("::")[0], "auto")))
+        fmt = declared if declared != "auto" else input_files.file_format(f.split("::")[0], "auto")
+        files.append((f, rel, fmt))
     return files
 
 
@@ -132,7 +133,7 @@ def _count(path: str, fmt: str) -> tuple[int, tuple[int, ...]]:
                     offsets.append(pos)
                 pos += len(line)
         return len(offsets), tuple(offsets)
-    return bio._read_whole(fs, p, fmt).num_rows, ()
+    return input_files._read_whole(fs, p, fmt).num_rows, ()
 
 
 def _arrow_batches(fh):
@@ -197,7 +198,7 @@ def read_shard(shard: Shard) -> list[dict[str, Any]]:
     """The rows of one shard, each with `_line` (its row index in its file)."""
     fmt = shard.file_identity.split(":", 1)[0]
     if fmt != "arrow":
-        return bio.read_shard(shard, fmt, shard.path)
+        return input_files.read_shard(shard, fmt, shard.path)
     fs, p = _fs(shard.path)
     parts, pos = [], 0
     with fs.open(p, "rb") as fh:

@@ -171,12 +171,9 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
     """The rows of one shard, each with `_line` (0-based row index in its file).
 
     A jsonl line that is not a JSON object becomes a row with `_input_error` set, so it is
-    recorded with its error instead of failing the shard or being dropped.
+    recorded with its error instead of failing the shard or being dropped. A Hugging Face dataset's
+    shards are read by fleetllm.batch.hf_input.read_shard.
     """
-    if declared == "hf":  # a Hugging Face dataset's data file (fleetllm/batch/hf_input.py)
-        from fleetllm.batch.hf_input import read_shard as read_hf_shard
-
-        return read_hf_shard(shard)
     fs, path = store.open_url(fs_url or shard.path)
     fmt = file_format(path, declared)
     rows: list[dict[str, Any]] = []

@@ -5,7 +5,7 @@ start-up: on the 2-core CPU Ray's start (~6 s), the replica actor importing torc
 (~10 s), and on vLLM the engine core spawned inside the actor importing vLLM a third time (~11 s:
 vLLM must spawn in a Ray actor, while in a plain process it forks). benchmarks/NOTES.md, change 5.
 
-What stays identical to the Ray path (fleetllm.batch.runner): the plan (`plan_job`: engine, shards,
+What stays identical to the Ray path (fleetllm.batch.stream): the plan (`plan_job`: engine, shards,
 fingerprint, the output folder's checks), the engine stage (`EngineStage`: the same rows in, the same
 columns out), the chat template + tokenization ahead of the engine for vLLM (`add_prompt_token_ids`),
 the commit of each complete shard through the same `OutputFolder` path in the driver, and the report
@@ -34,15 +34,10 @@ from fleetllm import sizing
 from fleetllm.spec import JobSpec
 
 
-def local_cpus(min_cpus: float) -> int:
-    """The CPUs a local run sizes for (the local Ray's count: +1 for the read/prepare tasks)."""
-    return max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1
-
-
 def local_resources_for_run(spec: JobSpec) -> dict[str, float]:
     c = spec.compute
     need = c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1)
-    return {"CPU": float(local_cpus(need)), "GPU": float(sizing.local_gpu_count())}
+    return {"CPU": float(sizing.local_cpus(need)), "GPU": float(sizing.local_gpu_count())}
 
 
 def runs_in_process(spec: JobSpec) -> bool:
@@ -95,7 +90,8 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     this thread as it completes. Returns the engine's timestamps (ready, first call, last call done)."""
     import pyarrow as pa
 
-    from fleetllm.batch.runner import _read_shard_rows, engine_pool
+    from fleetllm.batch.job_plan import engine_pool
+    from fleetllm.batch.stream import read_shard_rows
 
     pool = engine_pool(plan)
     if plan.engine == "vllm":  # a plain process may fork vLLM's engine core (no second import of vLLM)
@@ -114,7 +110,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
 
     def shard_table(shard) -> Any:
-        rows = [preprocessor(r) for r in _read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
+        rows = [preprocessor(r) for r in read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
         table = pa.Table.from_pylist(rows)
         if tokenize is not None:
             from fleetllm.batch.tokenize_stage import add_prompt_token_ids

@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from fleetllm.errors import FleetError
+from fleetllm.errors import FleetError, validation_problems
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -153,7 +153,7 @@ def embeddings_inputs(body: dict[str, Any]) -> tuple[str, int | None]:
     try:
         req = EmbeddingsRequest.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{where}: {what}" for where, what in validation_problems(exc.errors(), root="body"))
         raise ValueError(f"invalid embeddings body: {problems}") from None
     return json.dumps(req.items()), req.dimensions
 
@@ -185,7 +185,7 @@ def batch_line(row: dict[str, Any]) -> dict[str, Any]:
     usage = {"prompt_tokens": row["num_input_tokens"], "completion_tokens": row["num_generated_tokens"],
              "total_tokens": row["num_input_tokens"] + row["num_generated_tokens"]}
     created = int(time.time())
-    from fleetllm.serve.protocol import chat_logprobs, completion_logprobs
+    from fleetllm.engines.openai_logprobs import chat_logprobs, completion_logprobs
 
     entries = json.loads(row["logprobs"]) if row.get("logprobs") else None  # the first completion's
     chat = row.get("url") == CHAT_URL

@@ -18,10 +18,11 @@ Example (runs as it is, on the embedded model)::
     ds.write_parquet("out/answers")
 
 Rows enter the engine stage with `messages` (or `prompt`) and `sampling_params`, and reach
-postprocess with every input column plus `generated_text`, `num_input_tokens`,
-`num_generated_tokens`, `finish_reason`, `error` and `attempts`. Rows whose `sampling_params` carry a
-structured-output constraint (`response_format` or `structured_outputs`, fleetllm.structured) also get
-`parsed` (JSON text) and an `error` where the text does not satisfy it.
+postprocess (and the output) with exactly the user's columns (the input's and preprocess's) plus
+OUTPUT_COLUMNS: `generated_text`, `num_input_tokens`, `num_generated_tokens`, `finish_reason`, `error`
+and `attempts`. Rows whose `sampling_params` carry a structured-output constraint (`response_format`
+or `structured_outputs`, fleetllm.structured) also get `parsed` (JSON text) and an `error` where the
+text does not satisfy it; `n` > 1 adds `completions`, `logprobs` adds `logprobs`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 Row = dict[str, Any]
 TOKENIZE_BATCH_ROWS = 1024  # rows per tokenization task (the dataset's blocks may be any size)
+OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error", "attempts")
 
 
 class _ProcessorConfig(BaseModel):
@@ -85,7 +87,8 @@ class Processor:
         import ray
 
         from fleetllm import sizing
-        from fleetllm.batch.engine_pool import EnginePool, batches_in_flight
+        from fleetllm.batch.engine_pool import EnginePool
+        from fleetllm.sizing import batches_in_flight
 
         c = self.config
         if not ray.is_initialized():
@@ -104,11 +107,17 @@ class Processor:
             ds = ds.map(lambda row: {**row, **pre(row)})
         ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
         post = self.postprocess
-        return ds.map(lambda row: _drop_internal(post(row) if post else row))
+        return ds.map(lambda row: post(_drop_internal(row)) if post else _drop_internal(row))
 
 
 def _drop_internal(row: Row) -> Row:
-    row.pop("_node", None)
+    """The row without the columns the engine stage adds for `fleetllm run` (its replica's node and
+    timestamps, the token ids handed to vLLM): the user's columns and OUTPUT_COLUMNS stay."""
+    from fleetllm.batch.stages import INTERNAL_COLUMNS
+
+    for name in INTERNAL_COLUMNS:
+        if name.startswith("_"):  # `sampling_params` and `messages` are the user's preprocess's
+            row.pop(name, None)
     return row
 
 

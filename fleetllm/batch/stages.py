@@ -21,6 +21,12 @@ OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", 
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
                     "sampling_params", "_prompt_token_ids", "_messages")
+# The output columns' types: shards whose rows all lack a value (a null column) still share one schema.
+OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
+                "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
+                "parsed": "string"}
+# Columns the stages write: an input column of the same name is replaced, so it is not planned.
+WRITTEN_COLUMNS = (*OUTPUT_TYPES, "completions", "logprobs")
 
 
 class TemplatePreprocessor:

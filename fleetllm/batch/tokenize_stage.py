@@ -35,6 +35,14 @@ def tokenizer_source(model_path: str, engine_kwargs: dict[str, Any]) -> dict[str
             "use_fast": HF_TOKENIZER_MODES[mode]}
 
 
+def tokenizes_ahead(engine: str, model_path: str, engine_kwargs: dict[str, Any]) -> bool:
+    """Whether a generate job's rows are templated and tokenized in this stage, ahead of the replicas:
+    the engine takes token ids (`Engine.takes_token_ids`: vLLM) and its tokenizer is Hugging Face's."""
+    from fleetllm.engines.base import engine_class
+
+    return bool(engine_class(engine).takes_token_ids) and tokenizer_source(model_path, engine_kwargs) is not None
+
+
 @functools.lru_cache(maxsize=4)  # once per worker process and tokenizer
 def load_tokenizer(source: str, revision: str | None, trust_remote_code: bool, use_fast: bool):
     from transformers import AutoTokenizer
@@ -77,12 +85,8 @@ def tokenize_stage_kwargs(engine: str, model_path: str, engine_kwargs: dict[str,
     """`ds.map_batches(add_prompt_token_ids, **kwargs)` arguments, or None when the engine tokenizes
     itself (transformers pads its own batches; openai sends text). batch_size None: a whole block
     (`fleetllm run`: one shard)."""
-    from fleetllm.engines.base import engine_class
-
-    if not engine_class(engine).takes_token_ids:
+    if not tokenizes_ahead(engine, model_path, engine_kwargs):
         return None
     source = tokenizer_source(model_path, engine_kwargs)
-    if source is None:
-        return None
     return dict(fn_kwargs={"tokenizer": source, "chat_template_kwargs": dict(chat_template_kwargs or {})},
                 batch_format="pyarrow", batch_size=batch_size, num_cpus=0.25)

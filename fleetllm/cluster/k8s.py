@@ -30,9 +30,10 @@ from fleetllm.cluster.k8s_pods import (
     token_env,
     worker_group,
 )
-from fleetllm.cluster.serve_adapter import ServeView, parallel_gpus, serve_view
+from fleetllm.cluster.serve_adapter import ServeView, serve_view
 from fleetllm.errors import SpecError
 from fleetllm.serve.spec import load_serve_spec
+from fleetllm.sizing import replica_gpus
 from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
 SERVE_APP_IMPORT_PATH = "fleetllm.cluster.serve_adapter:app_from_spec"
@@ -59,11 +60,8 @@ def worker_shape(gpus: int, cpus_per_replica: float, opts: RenderOptions) -> Pod
 def job_gpus_per_replica(job: JobSpec) -> int:
     """compute.gpus_per_replica when set; else tp x pp for vllm/auto (a GPU cluster runs vLLM), 0 for
     transformers. Fractions round up: a pod gets whole GPUs."""
-    if job.compute.gpus_per_replica is not None:
-        return math.ceil(job.compute.gpus_per_replica)
-    if job.model.engine == "transformers":
-        return 0
-    return parallel_gpus(job.model.engine_kwargs)
+    return math.ceil(replica_gpus(job.model.engine, job.model.engine_kwargs, job.compute.gpus_per_replica,
+                                  gpus_present=True))
 
 
 # --------------------------------------------------------------------------------------------- jobs

@@ -14,16 +14,8 @@ from typing import Any
 
 from fleetllm.errors import SpecError
 from fleetllm.serve.spec import ServeModelSpec, ServeSpec
+from fleetllm.sizing import replica_gpus
 from fleetllm.spec import parse_spec
-
-
-def parallel_gpus(engine_kwargs: dict[str, Any]) -> int:
-    """GPUs one engine replica spans: tensor_parallel_size x pipeline_parallel_size."""
-    tp = int(engine_kwargs.get("tensor_parallel_size", 1) or 1)
-    pp = int(engine_kwargs.get("pipeline_parallel_size", 1) or 1)
-    if tp < 1 or pp < 1:
-        raise SpecError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp}: both must be >= 1")
-    return tp * pp
 
 
 @dataclass(frozen=True)
@@ -68,11 +60,9 @@ class ServeView:
 
 
 def _served(model: ServeModelSpec) -> ServedModel:
-    gpus = math.ceil(model.gpus_per_replica)
-    if gpus == 0 and model.engine in ("vllm", "auto"):
-        # gpus_per_replica 0 with tensor parallelism: vLLM places its own workers, one GPU each.
-        tp_pp = parallel_gpus(model.engine_kwargs)
-        gpus = tp_pp if tp_pp > 1 else 0
+    # gpus_per_replica 0 (the default) with tensor parallelism: vLLM places its own workers, one GPU each.
+    gpus = math.ceil(replica_gpus(model.engine, model.engine_kwargs, model.gpus_per_replica or None,
+                                  gpus_present=False))
     if model.autoscaling is None:
         low = high = initial = model.replicas
     else:

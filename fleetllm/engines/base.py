@@ -197,6 +197,15 @@ class Engine(abc.ABC):
         """Size of the model's output vocabulary (bounds logit_bias ids and top_k); None when unknown."""
         return None
 
+    def streaming_failure(self) -> str | None:
+        """Why this engine's streaming loop stopped (a replica that cannot stream is unhealthy); None while
+        it runs or when the engine has no loop of its own."""
+        return None
+
+    def streaming_stats(self) -> dict[str, Any]:
+        """Counters of the streaming loop (queued, running, batches...), for /metrics; {} when none."""
+        return {}
+
     def check_sampling(self, sampling: dict[str, Any] | None) -> dict[str, Any]:
         """A request's sampling dict checked against the field table (fleetllm.engines.fields) for this
         engine and the model's limits; raises FieldError (a RowError) naming the field."""
@@ -210,7 +219,7 @@ class Engine(abc.ABC):
 ENGINES = {
     "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",
     "vllm": "fleetllm.engines.vllm_engine:VLLMEngine",
-    "openai": "fleetllm.engines.openai_http:OpenAIHTTPEngine",
+    "openai": "fleetllm.engines.openai.engine:OpenAIHTTPEngine",
 }
 
 

@@ -21,6 +21,7 @@ from fleetllm.errors import RowError
 
 ENGINES = ("transformers", "vllm", "openai")
 INT64 = (-(1 << 63), (1 << 63) - 1)  # torch.long: what vLLM's seed (and torch.manual_seed) can hold
+DEFAULT_MAX_TOKENS = 256  # max_tokens left out: this, capped to what the context leaves (vLLM's own is 16)
 MAX_N = 128  # OpenAI's limit on n
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 T, V, O = "transformers", "vllm", "openai"
@@ -135,7 +136,8 @@ class RequestField:
 ALL = {T: "yes", V: "SamplingParams", O: SENT}
 _FIELDS = [
     RequestField("max_tokens", "openai", {T: "max_new_tokens", V: "SamplingParams.max_tokens", O: SENT}, _int(1),
-                 "prompt + max_tokens must fit the model's context; unset: 256, capped to what the context leaves",
+                 f"prompt + max_tokens must fit the model's context; unset: {DEFAULT_MAX_TOKENS}, capped to what the "
+                 "context leaves",
                  aliases=("max_completion_tokens",)),
     RequestField("temperature", "openai", {T: "generate temperature (0: greedy)", V: "SamplingParams", O: SENT},
                  _num(0.0, 2.0)),
@@ -274,7 +276,8 @@ def check_model_limits(sampling: dict[str, Any], vocab_size: int | None) -> None
                          param="top_k")
 
 
-def output_budget(sampling: dict[str, Any], prompt_tokens: int, context: int, default: int = 256) -> int:
+def output_budget(sampling: dict[str, Any], prompt_tokens: int, context: int,
+                  default: int = DEFAULT_MAX_TOKENS) -> int:
     """max_tokens for a prompt: an explicit value that does not fit the context is an error (as OpenAI and
     vLLM answer); unset, the default capped to what the context leaves."""
     room = context - prompt_tokens

@@ -2,11 +2,12 @@
 
 Batches use padded `generate` (left padding, rows sorted by length, rows with equal sampling
 settings generated together): measured faster than transformers' continuous batching on an H200
-(../shared/gpu/README.md: 3,498 vs 982 output tokens/s, Llama-3-8B shape) and on this CPU.
+(3,498 vs 982 output tokens/s, Llama-3-8B shape) and on this CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Any, AsyncIterator
@@ -71,8 +72,8 @@ class TransformersEngine(Engine):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         context = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self._max_model_len = int(own.get("max_model_len") or context)
-        self._torch = torch
-        self._lock = threading.Lock()
+        self.torch = torch  # the torch module (imported here, not at import time)
+        self.generate_lock = threading.Lock()  # one generate() on the model at a time
         self._vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
         self.chars_per_token = max_chars_per_token(self.tokenizer)
 
@@ -89,6 +90,15 @@ class TransformersEngine(Engine):
     @property
     def vocab_size(self) -> int | None:
         return getattr(self, "_vocab_size", None)
+
+    def streaming_failure(self) -> str | None:
+        if getattr(self, "_batcher", None) is not None and not self._batcher.alive:
+            return f"the streaming loop stopped: {self._batcher.error!r}"
+        return None
+
+    def streaming_stats(self) -> dict[str, Any]:
+        batcher = getattr(self, "_batcher", None)
+        return {} if batcher is None else dataclasses.asdict(batcher.stats)
 
     def stop(self) -> None:
         if getattr(self, "_batcher", None) is not None:
@@ -123,7 +133,7 @@ class TransformersEngine(Engine):
             from fleetllm.engines.grammar import GrammarCache
 
             vocab = self.model.get_output_embeddings().weight.shape[0]
-            self._grammars = GrammarCache(self.tokenizer, int(vocab), sorted(self._eos_ids()))
+            self._grammars = GrammarCache(self.tokenizer, int(vocab), sorted(self.eos_ids()))
         return self._grammars
 
     def compiled_grammar(self, request: GenerationRequest):
@@ -188,7 +198,7 @@ class TransformersEngine(Engine):
             key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
             # rows with different constraints share a batch: each row follows its own grammar
             groups.setdefault(key, []).append((i, ids, sampling, grammar))
-        with self._lock:
+        with self.generate_lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
                 for chunk in self._chunks(members):
@@ -212,7 +222,7 @@ class TransformersEngine(Engine):
     def _generate_group(self, chunk) -> list[GenerationResult]:
         from transformers import LogitsProcessorList
 
-        torch = self._torch
+        torch = self.torch
         tok = self.tokenizer
         sampling = chunk[0][2]
         n = int(sampling.get("n", 1))
@@ -243,7 +253,7 @@ class TransformersEngine(Engine):
             processors = LogitsProcessorList(gen_kwargs.get("logits_processor") or [])
             processors.append(GrammarLogitsProcessor(grammars))  # last: it masks what the others scored
             gen_kwargs["logits_processor"] = processors
-        eos_ids = self._eos_ids()
+        eos_ids = self.eos_ids()
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
             eos_ids = set()
@@ -263,7 +273,7 @@ class TransformersEngine(Engine):
             results.append(GenerationResult(completions=completions, num_input_tokens=len(ids)))
         return results
 
-    def _eos_ids(self) -> set[int]:
+    def eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -294,7 +304,7 @@ class TransformersEngine(Engine):
                           index=index, logprobs=logprobs)
 
     def _logprobs(self, scores, seq_row, kept, top) -> list[dict[str, Any]]:
-        torch = self._torch
+        torch = self.torch
         entries = []
         for step, token in enumerate(kept):
             logp = torch.log_softmax(scores[step][seq_row].float(), dim=-1)

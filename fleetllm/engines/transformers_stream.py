@@ -25,14 +25,33 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import GenerationRequest, StreamDelta
 from fleetllm.engines.chat import prompt_chars
 from fleetllm.errors import EngineError, RequestFailed, RowError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fleetllm.engines.transformers_engine import TransformersEngine
+
+class StreamModel(Protocol):
+    """What the batcher needs of its engine (TransformersEngine provides it): the loaded model and
+    tokenizer, the torch module, the lock around generate(), and the engine's own request checks."""
+
+    model: Any
+    tokenizer: Any
+    device: str
+    torch: Any
+    generate_lock: threading.Lock
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    def prepare(self, request: GenerationRequest) -> tuple[list[int], dict[str, Any]]: ...
+
+    def compiled_grammar(self, request: GenerationRequest) -> Any: ...
+
+    def generate_kwargs(self, sampling: dict[str, Any], prompt_len: int) -> dict[str, Any]: ...
+
+    def eos_ids(self) -> set[int]: ...
 
 # sampling keys that must be equal for rows to share one generate() call (stop and max_tokens are per row)
 BATCH_KEYS = ("temperature", "top_p", "top_k", "n", "seed", "logprobs", "ignore_eos", "min_tokens",
@@ -96,7 +115,7 @@ class BatcherStats:
 class StreamBatcher:
     """Gathers concurrent streaming requests into batched `generate` calls on a background thread."""
 
-    def __init__(self, engine: "TransformersEngine", max_batch_size: int = 32, batch_wait_s: float = 0.05) -> None:
+    def __init__(self, engine: StreamModel, max_batch_size: int = 32, batch_wait_s: float = 0.05) -> None:
         self.engine = engine
         self.max_batch_size = max(1, int(max_batch_size))
         self.batch_wait_s = float(batch_wait_s)
@@ -214,7 +233,7 @@ class StreamBatcher:
 
     def _run_group(self, members: list[StreamRequest]) -> None:
         engine = self.engine
-        torch = engine._torch
+        torch = engine.torch
         tok = engine.tokenizer
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -224,7 +243,7 @@ class StreamBatcher:
         context = engine.max_model_len
         rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)))
                 for req in members for j in range(n)]
-        eos_ids = set() if sampling.get("ignore_eos") else engine._eos_ids()
+        eos_ids = set() if sampling.get("ignore_eos") else engine.eos_ids()
         want_logprobs = sampling.get("logprobs") is not None
         step_logprobs: list[Any] = []
         batcher = self
@@ -273,7 +292,7 @@ class StreamBatcher:
         self.stats.batches += 1
         self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
         try:
-            with engine._lock, torch.inference_mode():
+            with engine.generate_lock, torch.inference_mode():
                 if sampling.get("seed") is not None:
                     torch.manual_seed(int(sampling["seed"]))
                 engine.model.generate(**batch, **gen_kwargs)
@@ -357,7 +376,7 @@ class StreamBatcher:
         decode = self.engine.tokenizer.decode
         entry: dict[str, Any] = {"token": decode([token]), "logprob": float(logp[token])}
         if top:
-            values, ids = self.engine._torch.topk(logp, top)
+            values, ids = self.engine.torch.topk(logp, top)
             entry["top_logprobs"] = [{"token": decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)]
         return entry
 

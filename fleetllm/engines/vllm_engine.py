@@ -22,7 +22,6 @@ import gc
 import itertools
 import os
 import sys
-import threading
 import uuid
 from concurrent.futures import Future
 from typing import Any, AsyncIterator, Coroutine
@@ -37,12 +36,12 @@ from fleetllm.engines.base import (
 )
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, prompt_chars, render_prompt
 from fleetllm.engines.fields import output_budget
+from fleetllm.engines.loop_thread import LoopThread
 from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
 from fleetllm.errors import EngineError, RequestFailed, RowError
 from fleetllm.structured import StructuredOutput
 
 # Defaults applied only when the user's engine_kwargs leave them out.
-DEFAULT_MAX_TOKENS = 256  # same default as the transformers engine (vLLM's own is 16)
 CPU_KV_CACHE_BYTES = 1 << 30  # on CPU: 1 GiB of KV cache unless kv_cache_memory_bytes/VLLM_CPU_KVCACHE_SPACE say
 # Prompts longer than this (characters) are templated and tokenized in a worker thread when streaming,
 # not on the caller's event loop (a 5 MB prompt stalled every other request of the replica for seconds).
@@ -85,8 +84,7 @@ class VLLMEngine(Engine):
                  chat_template_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(model_path, engine_kwargs, chat_template_kwargs)
         self._llm: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         # vLLM request ids: unique within the engine (a counter, cheaper than a uuid per row), and a
         # per-engine prefix so logs of several replicas tell them apart.
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -134,9 +132,7 @@ class VLLMEngine(Engine):
             raise EngineError(f"engine_kwargs {unknown} are not vLLM engine arguments; check the spelling "
                               "(see `vllm serve --help` for the list)")
         self._sampling_cls = SamplingParams
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="fleetllm-vllm", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("fleetllm-vllm")
 
         from vllm.usage.usage_lib import UsageContext
 
@@ -186,21 +182,18 @@ class VLLMEngine(Engine):
 
     def _close_loop(self) -> None:
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=10)
             self._loop.close()
-            self._loop = self._thread = None
+            self._loop = None
 
     def _submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
         if self._loop is None or self._llm is None:
             coro.close()
             raise EngineError("the vLLM engine is not started; call start() first")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return self._loop.submit(coro)
 
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._loop.run(coro)
 
     @property
     def version(self) -> str:
@@ -243,7 +236,7 @@ class VLLMEngine(Engine):
 
         params = self.check_sampling({k: to_plain(v) for k, v in clean_sampling(sampling).items()})
         params.setdefault("temperature", 0.0)
-        params["max_tokens"] = output_budget(params, num_prompt_tokens, self._max_model_len, DEFAULT_MAX_TOKENS)
+        params["max_tokens"] = output_budget(params, num_prompt_tokens, self._max_model_len)
         params["output_kind"] = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
         try:
             if structured is not None:  # vLLM's structured output backends (xgrammar, guidance, ...) do the rest

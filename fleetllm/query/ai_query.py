@@ -32,7 +32,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from fleetllm.errors import SpecError
-from fleetllm.query.aimd import AIMDConfig
+from fleetllm.engines.openai.aimd import AIMDConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
@@ -68,7 +68,7 @@ class _QueryActor:
 
     def __init__(self, model: str, engine_kwargs: dict[str, Any], prompt_col: str | None,
                  messages_col: str | None, output_col: str, options: dict[str, Any], task: str = "generate") -> None:
-        from fleetllm.engines.openai_http import OpenAIHTTPEngine
+        from fleetllm.engines.openai.engine import OpenAIHTTPEngine
 
         self.engine = OpenAIHTTPEngine(model, engine_kwargs)
         self.engine.start()
@@ -178,7 +178,7 @@ def ai_query(
         concurrency: Ray actors sending requests, each with its own AIMD window.
         batch_size: in-flight requests per actor at start (the AIMD initial window).
         max_retries: retries of a failing request (408/429/5xx/timeouts) before the row keeps its error.
-        aimd: AIMD settings (floor, ceiling, factors...); see `fleetllm.query.aimd.AIMDConfig`.
+        aimd: AIMD settings (floor, ceiling, factors...); see `fleetllm.engines.openai.aimd.AIMDConfig`.
         timeout_s: timeout of one HTTP attempt.
         retry: backoff settings (initial_backoff_s, max_backoff_s, jitter); see `RetryPolicy`.
         num_cpus: CPUs reserved per actor (the work is network-bound).

@@ -13,7 +13,7 @@ of that shard starts. benchmarks/query_window.py measured, against the capacity 
 hidden, 1 replica, 1200 rows in shards of 300), throughput relative to the engine sending every
 row in one call: batch 4 -> 0.59, batch 64 one batch at a time -> 0.80, batch 64 -> 0.94,
 batch 300 = shard_rows -> 1.03. Hence engine openai's default batch_size is output.shard_rows
-(spec.py), and these warnings.
+(fleetllm.sizing.rows_per_call), and these warnings.
 """
 
 from __future__ import annotations
@@ -28,23 +28,24 @@ def rows_in_flight_bound(batch_size: int, shard_rows: int, batches_in_flight: in
 
 def window_warnings(spec: Any) -> list[str]:
     """Warnings for a JobSpec with engine openai whose batching keeps the AIMD window from filling."""
-    from fleetllm.batch.engine_pool import batches_in_flight
-    from fleetllm.engines.openai_http import parse_engine_kwargs
+    from fleetllm.engines.openai.engine import parse_engine_kwargs
+    from fleetllm.sizing import batches_in_flight, rows_per_call
 
     c, shard_rows = spec.compute, spec.output.shard_rows
     max_window = parse_engine_kwargs(spec.model.engine_kwargs).aimd.max_window
-    calls = batches_in_flight("openai", c.batch_size, c.batches_in_flight)
-    bound = rows_in_flight_bound(c.batch_size, shard_rows, calls)
+    batch = rows_per_call("openai", c, shard_rows)
+    calls = batches_in_flight("openai", batch, c.batches_in_flight)
+    bound = rows_in_flight_bound(batch, shard_rows, calls)
     warnings = []
-    if c.batch_size < shard_rows:
+    if batch < shard_rows:
         warnings.append(
-            f"compute.batch_size ({c.batch_size}) is below output.shard_rows ({shard_rows}): a shard's batches "
+            f"compute.batch_size ({batch}) is below output.shard_rows ({shard_rows}): a shard's batches "
             "run one after another, each waiting for its slowest row (retries included), so the endpoint idles "
             "between them; set compute.batch_size to output.shard_rows (the default for engine openai)")
     if bound < max_window:
         warnings.append(
             f"a replica holds at most {bound} requests in flight (compute.batches_in_flight {calls} x "
-            f"min(batch_size {c.batch_size}, shard_rows {shard_rows})), below its AIMD ceiling "
+            f"min(batch_size {batch}, shard_rows {shard_rows})), below its AIMD ceiling "
             f"aimd.max_window ({max_window}): the window cannot grow past {bound}. Raise compute.batch_size or "
             "compute.batches_in_flight, or add replicas, if the endpoint can take more")
     return warnings

@@ -79,18 +79,16 @@ class ModelServer:
         return self.engine.max_model_len
 
     def healthy(self) -> bool:
-        batcher = getattr(self.engine, "_batcher", None)  # the transformers streaming loop, once started
-        if batcher is not None and not batcher.alive:
-            self.fatal = self.fatal or f"the streaming loop stopped: {batcher.error!r}"
+        failure = self.engine.streaming_failure()  # the transformers streaming loop, once started
+        if failure is not None:
+            self.fatal = self.fatal or failure
         if getattr(self.engine, "model", True) is None:
             self.fatal = self.fatal or "the engine was stopped"
         return self.fatal is None
 
     def stats(self) -> dict[str, Any]:
-        batcher = getattr(self.engine, "_batcher", None)
         out: dict[str, Any] = {"ongoing": self.ongoing, "healthy": self.healthy()}
-        if batcher is not None:
-            out.update(dataclasses.asdict(batcher.stats))
+        out.update(self.engine.streaming_stats())
         return out
 
     def stream_gap(self) -> float:

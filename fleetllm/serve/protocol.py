@@ -13,6 +13,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleetllm.engines.openai_logprobs import chat_logprobs, completion_logprobs  # noqa: F401 - the API's shapes
+from fleetllm.errors import validation_problems
+
 
 class APIError(Exception):
     """An error that becomes an OpenAI-shaped JSON response with an HTTP status."""
@@ -268,31 +271,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """Engine logprob entries -> OpenAI chat `logprobs: {content: [...]}`."""
-    if not entries:
-        return None
-    return {"content": [{"token": e["token"], "logprob": e["logprob"], "bytes": list(e["token"].encode()),
-                         "top_logprobs": [{"token": t["token"], "logprob": t["logprob"],
-                                           "bytes": list(t["token"].encode())} for t in e.get("top_logprobs", [])]}
-                        for e in entries]}
-
-
-def completion_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    """Engine logprob entries -> legacy completions `logprobs` (tokens, token_logprobs, top_logprobs)."""
-    if not entries:
-        return None
-    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])} for e in entries]}
-
-
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     """A pydantic error list -> (one readable message, the first offending parameter)."""
-    parts, param = [], None
-    for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
-        where = ".".join(loc) or "body"
-        param = param or where
-        parts.append(f"{where}: {err.get('msg')} (got {err.get('input')!r})" if err.get("type") != "missing"
-                     else f"{where}: required field is missing")
-    return "; ".join(parts), param
+    problems = validation_problems(errors, root="body", skip=("body",))
+    return "; ".join(f"{where}: {what}" for where, what in problems), (problems[0][0] if problems else None)

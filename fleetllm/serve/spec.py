@@ -17,13 +17,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from fleetllm import sizing
 from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
 
 
@@ -42,11 +42,12 @@ class AutoscalingSpec(StrictModel):
         return self
 
 
-class ServeModelSpec(StrictModel):
-    model_id: str = Field(..., min_length=1, description="The `model` name clients send.")
-    source: str = Field("smollm2-135m-instruct", description="Model alias, a local folder, or a Hugging Face id.")
+class ServedEngineSpec(StrictModel):
+    """The engine settings of one served model, shared by serve.yaml's models and LLMConfig."""
+
     engine: Literal["transformers", "vllm", "auto"] = Field(
-        "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is usable)."
+        "auto", description="Inference engine: transformers, vllm, or auto (vLLM when it is installed and the "
+        "replica has GPUs, fleetllm.sizing.choose_engine)."
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed to the engine.")
     task: Literal["auto", "generate", "embed"] = Field(
@@ -55,6 +56,16 @@ class ServeModelSpec(StrictModel):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Default chat template variables, e.g. {enable_thinking: false}."
     )
+    stream_messages_per_s: float | None = Field(
+        None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
+        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
+        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
+    )
+
+
+class ServeModelSpec(ServedEngineSpec):
+    model_id: str = Field(..., min_length=1, description="The `model` name clients send.")
+    source: str = Field("smollm2-135m-instruct", description="Model alias, a local folder, or a Hugging Face id.")
     replicas: int = Field(1, ge=1, description="Fixed number of replicas (ignored when autoscaling is given).")
     autoscaling: AutoscalingSpec | None = Field(None, description="Ray Serve autoscaling instead of fixed replicas.")
     max_ongoing_requests: int = Field(32, ge=1, description="Requests a replica serves at once (its batch).")
@@ -63,11 +74,6 @@ class ServeModelSpec(StrictModel):
     )
     cpus_per_replica: float = Field(1.0, ge=0, description="CPUs reserved per replica.")
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs reserved per replica.")
-    stream_messages_per_s: float | None = Field(
-        None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
-        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
-        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
-    )
 
     def to_llm_config(self) -> "LLMConfig":
         deployment: dict[str, Any] = {
@@ -81,9 +87,7 @@ class ServeModelSpec(StrictModel):
             deployment["num_replicas"] = self.replicas
         return LLMConfig(
             model_loading_config=ModelLoadingConfig(model_id=self.model_id, model_source=self.source),
-            engine=self.engine, engine_kwargs=self.engine_kwargs, task=self.task,
-            chat_template_kwargs=self.chat_template_kwargs, deployment_config=deployment,
-            stream_messages_per_s=self.stream_messages_per_s,
+            deployment_config=deployment, **self.model_dump(include=set(ServedEngineSpec.model_fields)),
         )
 
 
@@ -131,7 +135,7 @@ DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests",
                    "graceful_shutdown_timeout_s"}
 
 
-class LLMConfig(StrictModel):
+class LLMConfig(ServedEngineSpec):
     """One served model, in Ray Serve LLM's shape.
 
     Example:
@@ -143,19 +147,9 @@ class LLMConfig(StrictModel):
     """
 
     model_loading_config: ModelLoadingConfig = Field(..., description="model_id (routing name) and model_source.")
-    engine: Literal["transformers", "vllm", "auto"] = Field("auto", description="Inference engine.")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the engine.")
-    task: Literal["auto", "generate", "embed"] = Field(
-        "auto", description="generate (chat, completions), embed (/v1/embeddings), or auto (from the model).")
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Default chat template variables.")
     deployment_config: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options: num_replicas or autoscaling_config, "
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
-    )
-    stream_messages_per_s: float | None = Field(
-        None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
-        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
-        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
     )
 
     @field_validator("deployment_config")
@@ -173,11 +167,10 @@ class LLMConfig(StrictModel):
         return self.model_loading_config.model_id
 
     def resolved_engine(self) -> str:
-        """`auto` -> vllm when vLLM and fleetllm's vLLM engine are importable, else transformers."""
-        if self.engine != "auto":
-            return self.engine
-        usable = importlib.util.find_spec("vllm") and importlib.util.find_spec("fleetllm.engines.vllm_engine")
-        return "vllm" if usable else "transformers"
+        """The engine a replica runs: fleetllm.sizing.choose_engine (auto: vLLM when it is installed and there
+        are GPUs: the replica's, or where it reserves none, this machine's), as for batch jobs."""
+        gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or sizing.local_gpu_count()
+        return sizing.choose_engine(self.engine, gpus=float(gpus))[0]
 
     def stream_budget(self) -> float:
         """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default)."""

@@ -12,7 +12,7 @@ import ray
 
 from fleetllm.batch.runner import run_job
 from fleetllm.engines.base import GenerationRequest
-from fleetllm.engines.openai_http import OpenAIHTTPEngine, check_endpoint
+from fleetllm.engines.openai.engine import OpenAIHTTPEngine, check_endpoint
 from fleetllm.errors import EndpointError
 from fleetllm.spec import JobSpec
 from fleetllm.testing.capacity_server import CapacityServer

@@ -76,5 +76,5 @@ def test_thirty_percent_503_yields_every_row_with_attempts_counted():
 
 def test_engine_kwargs_are_checked():
     engine = create_engine("openai", "m", engine_kwargs={"base_url": "http://127.0.0.1:1/v1", "max_retry": 3})
-    with pytest.raises(SpecError, match="max_retry: unknown setting"):
+    with pytest.raises(SpecError, match="max_retry: unknown field"):
         engine.start()

@@ -20,3 +20,7 @@ def test_processor_keeps_input_columns_and_adds_outputs(ray_local, tiny_model):
         assert r["instruction"].startswith("Say") and r["answer"] == r["generated_text"]
         assert 0 < r["num_generated_tokens"] <= 5 and r["num_input_tokens"] > 0 and r["error"] is None
         assert "_node" not in r
+    # exactly the user's columns (input, preprocess, postprocess) and the documented output columns
+    from fleetllm.batch.processor import OUTPUT_COLUMNS
+
+    assert set(rows[0]) == {"instruction", "k", "messages", "sampling_params", "answer", *OUTPUT_COLUMNS}

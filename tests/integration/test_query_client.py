@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fleetllm.query.aimd import AIMDConfig, AIMDController
-from fleetllm.query.client import QueryClient, RetryPolicy
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
+from fleetllm.engines.openai.client import QueryClient, RetryPolicy
 from fleetllm.testing.capacity_server import CapacityServer
 
 

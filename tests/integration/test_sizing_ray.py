@@ -103,7 +103,7 @@ def _job(tmp_path, model: str, **compute):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_cluster, embedded_model, tmp_path):
-    from fleetllm.batch.runner import engine_pool, plan_job
+    from fleetllm.batch.job_plan import engine_pool, plan_job
 
     plan = plan_job(_job(tmp_path, embedded_model, replicas="auto", tp=2), resources=cluster_resources())
     assert (plan.replicas, plan.resources) == (2, {"CPU": 1.0, "GPU": 2})
@@ -118,7 +118,7 @@ def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_clus
 def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_cluster, embedded_model, tmp_path):
     from rich.console import Console
 
-    from fleetllm.batch.runner import wait_for_cluster
+    from fleetllm.batch.stream import wait_for_cluster
     from fleetllm.cluster.wait import ResourceTimeout
 
     spec = _job(tmp_path, embedded_model, wait_for={"gpus": 4}, wait_timeout_s=5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fleetllm.query.aimd import AIMDConfig, AIMDController, Signal
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController, Signal
 
 
 class Clock:

@@ -7,7 +7,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from fleetllm.batch import hf_input, io as bio  # noqa: E402
+from fleetllm.batch import hf_input  # noqa: E402
 from fleetllm.errors import InputError  # noqa: E402
 from fleetllm.spec import InputSpec  # noqa: E402
 
@@ -32,7 +32,7 @@ def folders(tmp_path_factory):
 
 
 def _all_rows(spec: InputSpec, shard_rows: int) -> list[dict]:
-    return [r for s in hf_input.plan(spec, shard_rows) for r in bio.read_shard(s, "hf", s.path)]
+    return [r for s in hf_input.plan(spec, shard_rows) for r in hf_input.read_shard(s)]
 
 
 @pytest.mark.parametrize("folder", ["saved", "saved_dict", "repo", "jrepo"])

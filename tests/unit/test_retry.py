@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from fleetllm.query.aimd import AIMDConfig, AIMDController
-from fleetllm.query.client import QueryClient, RetryPolicy, backoff_delay, classify, parse_retry_after
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
+from fleetllm.engines.openai.client import QueryClient, RetryPolicy, backoff_delay, classify, parse_retry_after
 
 
 def status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:

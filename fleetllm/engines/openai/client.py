@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetllm.query.aimd import AIMDController, Signal, Ticket
+from fleetllm.engines.openai.aimd import AIMDController, Signal, Ticket
 
 Sleep = Callable[[float], Awaitable[Any]]
 

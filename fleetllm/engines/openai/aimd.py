@@ -91,7 +91,7 @@ class AIMDConfig(BaseModel):
         return self
 
 
-def c_exit(config: AIMDConfig) -> float:
+def slow_start_exit_ratio(config: AIMDConfig) -> float:
     """Latency ratio that ends slow start: halfway to the overload tolerance (as TCP HyStart does)."""
     return 1.0 + (config.latency_tolerance - 1.0) / 2.0
 
@@ -174,7 +174,7 @@ class AIMDController:
         if not self.config.enabled:
             return
         overloaded = self._observe_latency(latency_s, completion_tokens)
-        if self.in_slow_start and self._latency_ratio() > c_exit(self.config):
+        if self.in_slow_start and self._latency_ratio() > slow_start_exit_ratio(self.config):
             self.in_slow_start = False  # latency starts rising: stop doubling, keep the window
         if overloaded and self.config.use_latency:
             self._decrease(ticket, Signal.LATENCY)
@@ -230,7 +230,7 @@ class AIMDController:
     def _increase(self) -> None:
         c = self.config
         fast_return = (self.recover_to is not None and self.window < self.recover_to
-                       and self._latency_ratio() <= c_exit(c))
+                       and self._latency_ratio() <= slow_start_exit_ratio(c))
         if self.in_slow_start or fast_return:
             self.window += c.slow_start_increase
         else:

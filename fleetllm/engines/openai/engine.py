@@ -3,9 +3,9 @@
 `model.source` (the engine's model_path) is the served model id unless engine_kwargs.model is set.
 Requests with `messages` go to /chat/completions, requests with a raw `prompt` to /completions,
 embedding requests (`embed`) to /embeddings.
-Every request passes through one AIMD window (`fleetllm.query.aimd`) that lives as long as the
+Every request passes through one AIMD window (`fleetllm.engines.openai.aimd`) that lives as long as the
 engine, so the concurrency it learned carries over from one `generate` call to the next; retries
-follow `fleetllm.query.client`. A failed row comes back with `error` set and its `attempts`; none
+follow `fleetllm.engines.openai.client`. A failed row comes back with `error` set and its `attempts`; none
 is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
 
 Failures that are not the row's (the api key refused, the model not served, the endpoint unreachable
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,9 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
 )
-from fleetllm.errors import EndpointError, EngineError, RowError, SpecError
-from fleetllm.query.aimd import AIMDConfig, AIMDController
-from fleetllm.query.client import CallResult, QueryClient, RetryPolicy
+from fleetllm.engines.loop_thread import LoopThread
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
+from fleetllm.engines.openai.client import CallResult, QueryClient, RetryPolicy
+from fleetllm.errors import EndpointError, EngineError, RowError, SpecError, validation_problems
 
 # Sampling keys the OpenAI API takes as named arguments; others travel in extra_body (vLLM reads
 # top_k, min_tokens, ignore_eos, repetition_penalty, chat_template_kwargs... from there).
@@ -63,11 +63,7 @@ def parse_engine_kwargs(kwargs: dict[str, Any]) -> OpenAIEngineKwargs:
     try:
         return OpenAIEngineKwargs.model_validate(kwargs)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: "
-            + ("unknown setting" if e["type"] == "extra_forbidden" else e["msg"])
-            for e in exc.errors()
-        )
+        problems = "; ".join(f"{where}: {what}" for where, what in validation_problems(exc.errors()))
         raise SpecError(
             f"engine_kwargs for engine openai are invalid ({problems}); "
             f"known settings: {sorted(OpenAIEngineKwargs.model_fields)}"
@@ -121,7 +117,7 @@ def check_endpoint(model_path: str, engine_kwargs: dict[str, Any], attempts: int
 
     import openai
 
-    from fleetllm.query.client import classify, endpoint_problem
+    from fleetllm.engines.openai.client import classify, endpoint_problem
 
     s = parse_engine_kwargs(engine_kwargs)
     model = s.model or model_path
@@ -162,9 +158,7 @@ class OpenAIHTTPEngine(Engine):
         self.api_key = s.api_key or os.environ.get(s.api_key_env)
         self.controller = AIMDController(s.aimd)
         self.retry = RetryPolicy(max_retries=s.max_retries, **s.retry)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="openai-engine-loop", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("openai-engine-loop")
         self.client: QueryClient = self._run(self._make_client()).result()
 
     async def _make_client(self) -> QueryClient:
@@ -175,7 +169,7 @@ class OpenAIHTTPEngine(Engine):
         if getattr(self, "_loop", None) is None:
             coro.close()
             raise EngineError("the openai engine is not started; call start() first")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return self._loop.submit(coro)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Send the batch under the AIMD window; one result per request, in order."""
@@ -253,8 +247,6 @@ class OpenAIHTTPEngine(Engine):
             self._run(self.client.aclose()).result(timeout=10)
         except Exception:
             pass
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(timeout=10)
         loop.close()
         self._loop = None
 

@@ -1,0 +1,240 @@
+"""Plan a batch job: the engine, the replicas, the shards and which are already committed, and the
+checks that refuse a job before any model loads (columns, sampling, task). Loads no model.
+
+    spec -> plan_job -> JobPlan (the engine and replicas from fleetllm.sizing; the shards from
+    fleetllm.batch.plan or hf_input; the fingerprint; the output folder's committed shards)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fleetllm import sizing
+from fleetllm.batch import hf_input, io as input_files
+from fleetllm.batch.columns import describe as describe_columns, input_key as columns_key
+from fleetllm.batch.columns import record as record_columns, recorded as recorded_columns
+from fleetllm.batch.commit import ManifestEntry, OutputFolder
+from fleetllm.batch.engine_pool import EnginePool
+from fleetllm.batch.fingerprint import fingerprint, fingerprint_parts
+from fleetllm.batch.plan import Shard, plan_shards
+from fleetllm.batch.stages import WRITTEN_COLUMNS
+from fleetllm.batch.tokenize_stage import tokenizes_ahead
+from fleetllm.errors import InputError, PlanError
+from fleetllm.sizing import ReplicaPlan, batches_in_flight
+from fleetllm.spec import JobSpec, template_fields
+
+
+@dataclass
+class JobPlan:
+    spec: JobSpec
+    engine: str
+    engine_reason: str
+    model: Any  # models.ResolvedModel
+    shards: list[Shard]
+    pending: list[Shard]
+    committed: dict[int, ManifestEntry]
+    fingerprint: str
+    parts: dict[str, Any]
+    engine_kwargs: dict[str, Any]
+    replica_plan: ReplicaPlan
+    in_flight: int = 1
+    sized_for: str = "the connected Ray cluster"
+    rows_per_call: int = 16  # rows per engine call (a whole shard on vllm/openai by default)
+    task: str = "generate"  # "embed": the replicas embed (spec.task, or the OpenAI Batch lines' url)
+    embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
+    columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
+
+    @property
+    def replicas(self) -> int:
+        return self.replica_plan.replicas
+
+    @property
+    def resources(self) -> dict[str, float]:
+        return {"CPU": self.replica_plan.cpus_per_replica, "GPU": self.replica_plan.gpus_per_replica}
+
+    @property
+    def total_rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def skipped_rows(self) -> int:
+        return sum(self.committed[s].rows for s in self.committed)
+
+    @property
+    def prompt_stage(self) -> str:
+        """Where rows are templated and tokenized (fleetllm.batch.tokenize_stage)."""
+        if self.task == "generate" and tokenizes_ahead(self.engine, self.model.path, self.engine_kwargs):
+            return "chat template + tokenization in preprocess tasks; replicas get token ids"
+        if self.engine == "openai":
+            return "messages sent as they are; the endpoint applies its chat template"
+        return "chat template + tokenization in the replicas"
+
+    def describe(self) -> list[str]:
+        s = self.spec
+        if self.task == "embed":
+            dims = f"{self.embedding_dims} dimensions" if self.embedding_dims else "dimensions from the endpoint"
+            task = [f"task       embed: one `embedding` vector per row ({dims})"]
+        else:
+            task = []
+        return [
+            f"job        {s.name}",
+            *task,
+            f"model      {s.model.source} -> {self.model.path} ({self.model.kind})",
+            f"engine     {self.engine} ({self.engine_reason})",
+            f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
+            f"rows in flight per replica (sized for {self.sized_for})",
+            *(f"           {line}" for line in self.replica_plan.description[1:]),
+            f"prompts    {self.prompt_stage if self.task == 'generate' else 'text as it is (no chat template), tokenized in the replicas'}",
+            f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
+            f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
+            f"output     {s.output.path} ({s.output.format})",
+            *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),
+            f"environment {s.environment.describe()}",
+        ]
+
+
+def check_columns(spec: JobSpec) -> None:
+    """Fail at plan time when the rows lack what the prompt needs; name what is there."""
+    if spec.input.format == "openai_batch":
+        return
+    rows = hf_input.peek(spec.input) if hf_input.is_hf(spec.input) else input_files.peek_rows(spec.input.path, spec.input.format)
+    if spec.input.columns:
+        rows = [hf_input.keep_columns(r, spec.input.columns) for r in rows]
+    if not rows:
+        return
+    present = sorted({k for r in rows for k in r if not k.startswith("_")})
+    if spec.task == "embed" and not spec.prompt.template and not {"text", "prompt"} & set(present):
+        raise InputError(
+            f"task embed needs the text to embed: the input rows have no `text` or `prompt` column and the job has "
+            f"no prompt.template; columns present: {present}. Add prompt.template, e.g. "
+            f"'{{{present[0] if present else 'text'}}}'")
+    if spec.prompt.template:
+        missing = [c for c in template_fields(spec.prompt.template) if c not in present]
+        if missing:
+            raise InputError(
+                f"prompt.template {spec.prompt.template!r} uses column(s) {missing} that the input rows "
+                f"lack; columns present: {present}")
+    elif spec.task != "embed" and "messages" not in present and "prompt" not in present:
+        raise InputError(
+            f"the input rows have no `messages` or `prompt` column and the job has no prompt.template; "
+            f"columns present: {present}. Add prompt.template, e.g. '{{{present[0] if present else 'text'}}}'")
+    if spec.input.id_column and spec.input.id_column not in present:
+        raise InputError(f"input.id_column {spec.input.id_column!r} is not a column; columns present: {present}")
+
+
+def local_resources() -> dict[str, float]:
+    """This machine's CPUs and GPUs: what a dry run sizes for when no cluster is connected."""
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(sizing.local_gpu_count())}
+
+
+def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
+             preprocess: Callable | None = None, resources: dict[str, float] | None = None) -> JobPlan:
+    """Plan a job against `resources` (the connected cluster's; default this machine's): the engine,
+    the replicas, the shards and which of them are already committed. Loads no model."""
+    from fleetllm import models
+
+    sized_for = "the connected Ray cluster"
+    if resources is None:
+        resources, sized_for = local_resources(), "this machine; a run sizes for the cluster it connects to"
+    replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
+    engine, reason = replica_plan.engine, replica_plan.description[0]
+    check_sampling_spec(spec, engine)
+    if engine == "openai":  # a model behind an endpoint: nothing to look up or pull
+        model = models.served(spec.model.source)
+    elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
+        model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
+    else:
+        model = models.ResolvedModel(spec.model.source, "embedded",
+                                     str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+    if hf_input.is_hf(spec.input):
+        shards = hf_input.plan(spec.input, spec.output.shard_rows)
+    else:
+        files = input_files.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
+        shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
+    check_columns(spec)
+    task, embedding_dims = job_task(spec, model, engine)
+    columns, planned_now, key = None, False, None
+    if not hf_input.is_hf(spec.input):  # a dataset's Arrow/parquet files are typed already
+        key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
+        columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
+        planned_now = columns is None
+        if planned_now:
+            columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
+    engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
+                    "input_format": spec.input.format, "id_column": spec.input.id_column}
+    if task == "embed":  # only then: fingerprints of generate jobs stay as they were
+        prompt_parts["task"] = "embed"
+    parts = fingerprint_parts(
+        model=model, engine=engine, engine_kwargs=engine_kwargs,
+        sampling=spec.sampling.as_params() if task == "generate" else {},
+        prompt={**prompt_parts, **({"input_columns": spec.input.columns} if spec.input.columns else {})},
+        chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
+        preprocess=preprocess)
+    if columns is not None:
+        parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
+    fp = fingerprint(parts)
+    out = OutputFolder(spec.output.path, spec.output.format)
+    if dry_run:
+        existing = out.read_job()
+        same = existing is not None and existing.get("fingerprint") == fp
+        pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
+    else:  # the caller holds the folder's lock (run_job)
+        out.prepare(fp, parts, overwrite)
+        if planned_now:
+            record_columns(spec.output.path, key, columns)
+        pending, committed = out.pending(shards, fp)
+        out.discard_others(committed)  # other plans' shards are never read back mixed in
+    rows_per_call = sizing.rows_per_call(engine, spec.compute, spec.output.shard_rows)
+    in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
+    return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
+                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns)
+
+
+def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
+    """(task, vector size) of a job: spec.task, or for OpenAI Batch input the lines' url; PlanError when the
+    spec and the lines disagree, or when a generate job names an embedding model."""
+    from fleetllm import models
+
+    task = spec.task
+    if spec.input.format == "openai_batch":
+        from fleetllm.batch.openai_batch import file_task
+
+        task = file_task(spec.input.path)
+        if "task" in spec.model_fields_set and spec.task != task:
+            raise PlanError(f"task is {spec.task} but the OpenAI Batch lines' url says {task} "
+                            "(/v1/embeddings lines embed); remove `task` from the spec, the lines decide")
+    if engine == "openai":
+        return task, None
+    if task == "generate" and models.model_task(model) == "embed":
+        raise PlanError(f"model {spec.model.source!r} is an embedding model: it cannot generate text. Set "
+                        "`task: embed` at the top of the spec for an `embedding` column, or choose a generative model")
+    if task == "embed":
+        from fleetllm.engines.embedding import read_model_info
+
+        return task, read_model_info(model.path).dimensions
+    return task, None
+
+
+def check_sampling_spec(spec: JobSpec, engine: str) -> None:
+    """The job's `sampling` against the field table (fleetllm.engines.fields) for its engine, at plan time."""
+    from fleetllm.engines.fields import FieldError, check_sampling
+
+    try:
+        check_sampling(spec.sampling.as_params(), engine)
+    except FieldError as exc:
+        raise PlanError(f"sampling: {exc}") from None
+
+
+def engine_pool(plan: JobPlan) -> EnginePool:
+    """The replicas that run the plan's pending shards (fleetllm.batch.engine_pool)."""
+    spec = plan.spec
+    pending_rows = sum(s.rows for s in plan.pending)
+    rows_in_flight = min(plan.in_flight * plan.rows_per_call, -(-pending_rows // max(1, plan.replicas)))
+    return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
+                      replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
+                      in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
+                      max_retries=spec.compute.max_retries, task=plan.task,
+                      rows_in_flight=max(1, rows_in_flight))

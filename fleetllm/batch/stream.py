@@ -1,0 +1,111 @@
+"""The Ray Data stream of a batch job: Ray started or joined, the shards read, preprocessed, tokenized
+(engines that take token ids) and run through the engine replicas, the rows handed back in order of
+completion for the driver to assemble into shards and commit.
+
+    from_items(shards) -> flat_map(read_shard_rows) -> map(preprocess)
+        -> [vllm: map_batches(add_prompt_token_ids)] -> map_batches(EngineStage, replicas)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from rich.console import Console
+
+from fleetllm import sizing
+from fleetllm.batch import hf_input, io as input_files
+from fleetllm.batch.assemble import ShardAssembler
+from fleetllm.batch.columns import conform_row
+from fleetllm.batch.job_plan import JobPlan, engine_pool
+from fleetllm.batch.plan import Shard
+from fleetllm.spec import JobSpec
+
+
+def init_ray(address: str | None, min_cpus: float = 1, runtime_env: dict[str, Any] | None = None) -> None:
+    """Connect to `address` (or $RAY_ADDRESS); else start a private local Ray. `runtime_env` (the job's
+    `environment:`) becomes the job's Ray runtime_env: every replica and task runs in it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR",
+                 runtime_env=runtime_env)
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR", runtime_env=runtime_env)
+    else:
+        cpus = sizing.local_cpus(min_cpus)  # +1: room for the read/prepare tasks
+        # Ray starts its workers at nice 15; the engine replicas are the work here, and at nice 15 every
+        # wake-up of Ray's own processes stalls their torch threads (0.55 -> 0.89 of the bare engine on
+        # 2 cores, benchmarks/pipeline_overhead.py). Ray's job supervisor sets 0 for the same reason.
+        os.environ.setdefault("RAY_worker_niceness", "0")
+        ray.init(address="local", num_cpus=cpus, **quiet)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    ctx.verbose_progress = False
+
+
+def read_shard_rows(item: dict[str, Any], declared: str, columns=None,
+                     keep: list[str] | None = None) -> list[dict[str, Any]]:
+    """A shard's rows, each value as the job's column plan types it (so every block agrees); `keep`:
+    input.columns (the chosen columns only)."""
+    shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
+    rows = hf_input.read_shard(shard) if declared == "hf" else input_files.read_shard(shard, declared, shard.path)
+    if keep:
+        rows = [hf_input.keep_columns(row, keep) for row in rows]
+    for row in rows:
+        row["_shard"] = shard.shard_id
+        row["_file"] = shard.rel
+        if declared == "openai_batch" and "body" in row and not isinstance(row["body"], str):
+            row["body"] = json.dumps(row["body"])  # bodies differ in shape: keep them as text in Arrow
+        if columns is not None:
+            conform_row(row, columns)
+    return rows
+
+
+def wait_for_cluster(spec: JobSpec, console: Console) -> None:
+    """Block until the connected cluster has compute.wait_for (nodes joining late); ResourceTimeout
+    (a PlanError naming what was seen) after compute.wait_timeout_s."""
+    if spec.compute.wait_for is None:
+        return
+    from fleetllm.cluster.wait import ray_snapshot, wait_until, wanted
+
+    need = wanted(spec.compute.wait_for.gpus, spec.compute.wait_for.cpus)
+    wait_until(ray_snapshot, need, timeout_s=spec.compute.wait_timeout_s, log=lambda m: console.print(m))
+
+
+def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
+    import ray
+
+    spec = plan.spec
+    items = [s.to_dict() for s in plan.pending]
+    declared = spec.input.format
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.flat_map(read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns,
+                                                  "keep": spec.input.columns}, num_cpus=0.25)
+    ds = ds.map(preprocessor, num_cpus=0.25)
+    # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
+    # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
+    # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
+    return engine_pool(plan).apply(ds)
+
+
+def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Callable) -> dict[str, float]:
+    """Stream the pending shards through the replicas; `on_shard(shard, table)` commits each complete
+    shard in the driver. Returns the replicas' timestamps (first ready, first call, last call done)."""
+    times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
+    by_id = {s.shard_id: s for s in plan.pending}
+    assembler = ShardAssembler(plan.pending)
+    ds = build_dataset(plan, preprocessor)
+    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+        if times["ready"] == float("inf") and "_ready" in batch.column_names:
+            times["ready"] = min(batch.column("_ready").to_pylist())
+        if "_started" in batch.column_names:
+            times["first_call"] = min([times["first_call"], *batch.column("_started").to_pylist()])
+            times["last_done"] = max([times["last_done"], *batch.column("_finished").to_pylist()])
+        for shard_id, table in assembler.add(batch):
+            on_shard(by_id[shard_id], table)
+    return times

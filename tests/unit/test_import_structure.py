@@ -1,0 +1,141 @@
+"""The package structure stays as README's architecture section draws it: every import of fleetllm/
+(module level, inside functions, under TYPE_CHECKING) read with ast, then the forbidden directions
+and the cycles refused.
+
+Layers: the command modules (`fleetllm/cli.py`, `__main__`, `models_cli`, every `<package>/cli.py`) sit
+on top and may import anything; nothing else imports them. Below them the packages (engines, batch,
+serve, query, cluster, report, testing) and the top-level modules (spec, sizing, models, ...), each a
+node of the package graph, which has no cycle; nor has the graph of files.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "fleetllm"
+COMMAND_MODULES = {"fleetllm.cli", "fleetllm.__main__", "fleetllm.models_cli"}
+FORBIDDEN = {  # package -> packages its library modules (not its command) must not import
+    "engines": {"batch", "serve", "query", "cluster", "report"},
+    "batch": {"serve", "query"},
+    "serve": {"batch", "query"},
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the fleetllm modules it imports (a `from package import name` of a submodule counts
+    as that submodule)."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for target in targets:
+                while target and target not in mods:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def is_command(module: str) -> bool:
+    return module in COMMAND_MODULES or module.endswith(".cli")
+
+
+def node_of(module: str) -> str:
+    """The package-graph node: the subpackage (engines, batch, ...) or the top-level module itself."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "fleetllm"
+    if (PACKAGE_ROOT / parts[1]).is_dir():
+        return parts[1]
+    return parts[1] + ".py"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+MODS = modules()
+EDGES = imports(MODS)
+
+
+def test_the_reader_sees_the_imports():
+    """A vacuous graph would pass every check below: these edges exist."""
+    assert "fleetllm.batch.job_plan" in EDGES["fleetllm.batch.runner"]
+    assert "fleetllm.engines.openai.client" in EDGES["fleetllm.engines.openai.engine"]
+    assert "fleetllm.engines.transformers_stream" in EDGES["fleetllm.engines.transformers_engine"]  # lazy import
+    assert "fleetllm.batch.cli" in EDGES["fleetllm.query.cli"]
+
+
+def test_no_forbidden_direction():
+    bad = sorted(f"{a} -> {b}" for a, targets in EDGES.items() for b in targets
+                 if not is_command(a) and node_of(b) in FORBIDDEN.get(node_of(a), set()))
+    assert bad == [], "imports against the architecture (README: Architecture):\n" + "\n".join(bad)
+
+
+def test_only_commands_import_commands():
+    bad = sorted(f"{a} -> {b}" for a, targets in EDGES.items() for b in targets if is_command(b) and not is_command(a))
+    assert bad == [], "a library module imports a command module:\n" + "\n".join(bad)
+
+
+def test_no_cycle_between_packages():
+    graph: dict[str, set[str]] = defaultdict(set)
+    for a, targets in EDGES.items():
+        for b in targets:
+            if not is_command(a) and not is_command(b) and node_of(a) != node_of(b):
+                graph[node_of(a)].add(node_of(b))
+    assert cycles(graph) == []
+
+
+def test_no_cycle_between_files():
+    assert cycles(EDGES) == []

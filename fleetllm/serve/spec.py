@@ -72,7 +72,7 @@ class ServeModelSpec(StrictModel):
         None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
         "each stream gets one message per streams / this seconds (every delta at once while that is shorter than "
         "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model), "
-        "3,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
+        "2,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
     )
 
     def to_llm_config(self) -> "LLMConfig":
@@ -132,9 +132,9 @@ class ModelLoadingConfig(StrictModel):
 # keeps that near 5% of two cores (benchmarks/NOTES-serve.md).
 CPU_STREAM_MESSAGES_PER_S = 40.0
 # A GPU replica's: the transport's CPU is not the model's there, but each message still passes the HTTP proxy
-# and the ingress (one Python process each, ~0.3-0.5 ms a message on a server core): 3,000 a second keeps
-# them under ~1.5 cores together, per token up to ~16 streams at 5 ms steps (benchmarks/NOTES-serve.md).
-GPU_STREAM_MESSAGES_PER_S = 3000.0
+# and the ingress (one Python process each, ~0.3-0.5 ms a message on a server core): 2,000 a second keeps
+# the ingress below one core, per token up to ~10 streams at 5 ms steps (benchmarks/NOTES-serve.md).
+GPU_STREAM_MESSAGES_PER_S = 2000.0
 
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
                    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
@@ -166,7 +166,7 @@ class LLMConfig(StrictModel):
         None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
         "each stream gets one message per streams / this seconds (every delta at once while that is shorter than "
         "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model), "
-        "3,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
+        "2,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
     )
 
     routing: Literal["power_of_two", "prefix_affinity"] = Field(

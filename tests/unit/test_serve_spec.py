@@ -66,7 +66,7 @@ def test_stream_budget_defaults_to_a_cpu_and_a_gpu_limit():
         return ServeSpec.model_validate({"models": [{"model_id": "m", **model}]}).llm_configs()[0].stream_budget()
 
     assert budget() == 40.0
-    assert budget(gpus_per_replica=1) == 3000.0
+    assert budget(gpus_per_replica=1) == 2000.0
     assert budget(gpus_per_replica=1, stream_messages_per_s=500) == 500
     with pytest.raises(ValidationError, match="stream_messages_per_s"):
         LLMConfig(model_loading_config=dict(model_id="x"), stream_messages_per_s=0)

@@ -88,6 +88,7 @@ class StreamDelta:
     finish_reason: str | None = None
     num_input_tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None
+    num_cached_tokens: int | None = None  # prompt tokens the engine found in its prefix cache (when it says)
 
 
 @dataclass

@@ -75,7 +75,10 @@ class VLLMEngine(Engine):
     name = "vllm"
     concurrent_batches = True
     takes_token_ids = True
-    usage_context = "LLM_CLASS"  # scheduler defaults of offline batch inference (used by serving too)
+    # vLLM's scheduler defaults by use: "LLM_CLASS" (offline batch: 16,384 batched tokens on an H200) for
+    # batch jobs; serving sets "OPENAI_API_SERVER" (`vllm serve`'s: 8,192, shorter prefill chunks between
+    # decode steps) before start() (fleetllm.serve.backend.ModelServer).
+    usage_context = "LLM_CLASS"
     # Rows a batch replica holds in flight (set by the batch pipeline before start()): sizes
     # max_num_seqs and the CUDA graphs to the job (fleetllm.engines.vllm_defaults); None when serving.
     rows_in_flight: int | None = None
@@ -370,6 +373,7 @@ class VLLMEngine(Engine):
                         index=out.index, text=out.text, num_generated_tokens=counts[out.index],
                         finish_reason=finish, num_input_tokens=len(ids),
                         logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
+                        num_cached_tokens=item.num_cached_tokens,
                     )
         finally:
             if not future.done():

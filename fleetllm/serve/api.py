@@ -181,10 +181,13 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
                 raise APIError(500, "the engine returned no output", type="server_error") from None
             raise_item_error(first)
             metrics.ttft.labels(model).observe(time.monotonic() - t0)
+            replica = first[0].get("replica") if first else None  # which replica answers
+            headers = {"x-fleetllm-replica": str(replica)} if replica else {}
             if req.stream:
                 done = True  # the generator below owns the stream from here
                 return StreamingResponse(sse(req, endpoint, model, first, stream, t0),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", **headers})
             acc = Accumulator(req.n)
             acc.add(first)
             async for items in stream:
@@ -193,7 +196,7 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             metrics.latency.labels(model).observe(time.monotonic() - t0)
             record_usage(model, endpoint, acc)
             return JSONResponse(acc.response(req, endpoint, model, payload.get("prompt", "")).model_dump(
-                exclude_none=True))
+                exclude_none=True), headers=headers)
         finally:
             if not done:
                 metrics.in_flight.labels(model).dec()
@@ -229,7 +232,7 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         metrics.latency.labels(model).observe(time.monotonic() - t0)
         record_usage(model, endpoint, acc)
         if include_usage:
-            usage = Usage.of(acc.prompt_tokens, acc.completion_tokens)
+            usage = Usage.of(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
             cls = ChatCompletionChunk if endpoint == "chat" else CompletionResponse
             yield _event(cls(id=rid, model=model, choices=[], usage=usage))
         yield "data: [DONE]\n\n"
@@ -268,6 +271,7 @@ class Accumulator:
         self.finish: list[str | None] = [None] * n
         self.logprobs: list[list[dict]] = [[] for _ in range(n)]
         self.prompt_tokens = 0
+        self.cached_tokens: int | None = None  # prompt tokens from the engine's prefix cache (vLLM says)
 
     @property
     def completion_tokens(self) -> int:
@@ -280,6 +284,8 @@ class Accumulator:
             self.tokens[i] = max(self.tokens[i], d["num_generated_tokens"])
             self.finish[i] = d.get("finish_reason") or self.finish[i]
             self.prompt_tokens = max(self.prompt_tokens, d.get("num_input_tokens") or 0)
+            if d.get("num_cached_tokens") is not None:
+                self.cached_tokens = max(self.cached_tokens or 0, d["num_cached_tokens"])
             self.logprobs[i].extend(d.get("logprobs") or [])
 
     def chunk(self, rid: str, endpoint: str, model: str, items: list[dict], req):
@@ -299,7 +305,7 @@ class Accumulator:
         return CompletionResponse(id=rid, model=model, choices=choices)
 
     def response(self, req, endpoint: str, model: str, prompt: str):
-        usage = Usage.of(self.prompt_tokens, self.completion_tokens)
+        usage = Usage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
         if endpoint == "chat":
             choices = [ChatChoice(index=i, message=ResponseMessage(content=t), finish_reason=self.finish[i],
                                   logprobs=chat_logprobs(self.logprobs[i])) for i, t in enumerate(self.texts)]

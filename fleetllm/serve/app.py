@@ -32,6 +32,7 @@ def _deployments():
 
         def __init__(self, config: dict[str, Any]) -> None:
             self.server = ModelServer(LLMConfig.model_validate(config))
+            self.server.replica_id = serve.get_replica_context().replica_id.unique_id
 
         async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
             async for items in self.server.stream(payload):
@@ -179,6 +180,10 @@ def build_openai_app(builder_config: dict[str, Any]):
         capacity += (opts["max_ongoing_requests"] * replicas) + opts["max_queued_requests"]
         # deployment names are unique per app; model ids may hold characters Serve dislikes
         name = "LLMServer-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in cfg.model_id)
+        if cfg.routing == "prefix_affinity":
+            from fleetllm.serve.routing import router_config
+
+            opts["request_router_config"] = router_config(opts["max_ongoing_requests"])
         handles[cfg.model_id] = LLMServer.options(
             name=name, backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
             **opts).bind(cfg.model_dump())

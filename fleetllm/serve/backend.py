@@ -21,13 +21,15 @@ from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
-# How often one request's deltas are sent (the first and the last at once, the rest merged): every
-# message costs CPU in the replica, the ingress, the HTTP proxy and the client (2-3 ms together on
-# this 2-core machine) whatever it carries, and on a CPU replica that CPU is taken from the model. A
-# replica sends at most LLMConfig.stream_budget() messages a second across its streams: each
-# stream's gap is max(STREAM_INTERVAL_S, streams / budget), so with the CPU default of 40 one stream
-# gets a chunk every 50 ms and 32 streams one every 0.8 s (benchmarks/NOTES-serve.md).
-STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0.05"))
+# How often one request's deltas are sent: every message costs CPU in the replica, the ingress, the HTTP
+# proxy and the client (2-3 ms together on this 2-core machine) whatever it carries. A replica sends at
+# most LLMConfig.stream_budget() messages a second across its streams, so each stream's gap is
+# streams / budget: with few streams every delta goes out as the engine makes it (no fixed interval),
+# and as streams grow their deltas are merged so the hops' total message rate stays at the budget.
+# CPU default 40/s (1 stream: every 25 ms; 32 streams: every 0.8 s), GPU default 2,000/s (up to ~10
+# streams per token at 5 ms steps; 256 streams every 128 ms): benchmarks/NOTES-serve.md.
+# FLEETLLM_STREAM_INTERVAL_S sets a floor under the gap (0: none).
+STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0"))
 
 
 class Backend(Protocol):
@@ -66,6 +68,8 @@ class ModelServer:
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
+            if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
+                engine.usage_context = "OPENAI_API_SERVER"
             engine.start()
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
@@ -73,6 +77,7 @@ class ModelServer:
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
+        self.replica_id = "local"  # the Ray Serve replica's id when deployed (sent as x-fleetllm-replica)
 
     @property
     def max_model_len(self) -> int | None:
@@ -167,6 +172,7 @@ class ModelServer:
 
         task = asyncio.create_task(pump())
         last = 0.0
+        first = True
         try:
             while True:
                 await wake.wait()
@@ -176,6 +182,8 @@ class ModelServer:
                     await asyncio.wait({task}, timeout=wait)  # merge what arrives; the request's end cuts it short
                 if buf:
                     items, buf[:] = list(buf), []
+                    if first:  # which replica answers (the API's x-fleetllm-replica header)
+                        items[0]["replica"], first = self.replica_id, False
                     last = time.monotonic()
                     yield items
                 if state["done"]:

@@ -189,10 +189,12 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None  # {cached_tokens}: prompt tokens found in the prefix cache
 
     @classmethod
-    def of(cls, prompt: int, completion: int) -> "Usage":
-        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    def of(cls, prompt: int, completion: int, cached: int | None = None) -> "Usage":
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=None if cached is None else {"cached_tokens": cached})
 
 
 class ResponseMessage(BaseModel):

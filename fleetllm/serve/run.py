@@ -31,7 +31,8 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
         lines.append(f"  model {m.model_id!r}: source {m.source}, engine {cfg.resolved_engine()}"
                      f"{' (auto)' if m.engine == 'auto' else ''}, task {m.task}, {scale}, {m.max_ongoing_requests} ongoing + "
                      f"{m.max_queued_requests} queued per replica, {m.cpus_per_replica:g} CPU / "
-                     f"{m.gpus_per_replica:g} GPU per replica")
+                     f"{m.gpus_per_replica:g} GPU per replica"
+                     + (", prefix-affine routing" if m.routing == "prefix_affinity" else ""))
         if m.engine_kwargs:
             lines.append(f"    engine_kwargs: {m.engine_kwargs}")
     lines.append(f"environment: {spec.environment.describe()}")

@@ -10,6 +10,7 @@
         engine: transformers       # transformers | vllm | auto
         task: auto                 # generate | embed | auto (from the model: embedding models embed)
         replicas: 1                # or autoscaling: {min_replicas, max_replicas, target_ongoing_requests}
+        routing: power_of_two      # or prefix_affinity: a shared prompt prefix goes to the replica that cached it
         max_ongoing_requests: 32
         max_queued_requests: 64
     cluster: {address: null}
@@ -58,9 +59,14 @@ class ServedEngineSpec(StrictModel):
     )
     stream_messages_per_s: float | None = Field(
         None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
-        "each stream's deltas are merged into one message per max(0.05 s, streams / this). Default: 40 on a CPU "
-        "replica (where every message's CPU is taken from the model), unlimited on a GPU replica.",
+        "each stream gets one message per streams / this seconds (every delta at once while that is shorter than "
+        "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model), "
+        "2,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
     )
+    routing: Literal["power_of_two", "prefix_affinity"] = Field(
+        "power_of_two", description="How requests pick a replica: power_of_two (Ray Serve's default: the less "
+        "loaded of two) or prefix_affinity (requests sharing a prompt prefix go to the replica that cached it, "
+        "Ray Serve LLM's PrefixCacheAffinityRouter; for several replicas serving conversations or few-shot prompts).")
 
 
 class ServeModelSpec(ServedEngineSpec):
@@ -129,6 +135,10 @@ class ModelLoadingConfig(StrictModel):
 # ingress, the HTTP proxy and the client together, taken from the model on a CPU machine; 40 a second
 # keeps that near 5% of two cores (benchmarks/NOTES-serve.md).
 CPU_STREAM_MESSAGES_PER_S = 40.0
+# A GPU replica's: the transport's CPU is not the model's there, but each message still passes the HTTP proxy
+# and the ingress (one Python process each, ~0.3-0.5 ms a message on a server core): 2,000 a second keeps
+# the ingress below one core, per token up to ~10 streams at 5 ms steps (benchmarks/NOTES-serve.md).
+GPU_STREAM_MESSAGES_PER_S = 2000.0
 
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
                    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
@@ -177,7 +187,7 @@ class LLMConfig(ServedEngineSpec):
         if self.stream_messages_per_s is not None:
             return self.stream_messages_per_s
         gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or 0
-        return float("inf") if gpus > 0 else CPU_STREAM_MESSAGES_PER_S
+        return GPU_STREAM_MESSAGES_PER_S if gpus > 0 else CPU_STREAM_MESSAGES_PER_S
 
     def deployment_options(self) -> dict[str, Any]:
         """Options for `Deployment.options(...)`, with fleetllm's defaults filled in."""

@@ -38,6 +38,10 @@ def test_serve_with_vllm_engine(tmp_path, embedded_model):
                                                      stream=True, stream_options={"include_usage": True}))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert "Paris" in text and chunks[-1].usage.completion_tokens > 0
+        # vLLM says how many prompt tokens its prefix cache held (OpenAI's usage.prompt_tokens_details)
+        assert isinstance(chat.usage.prompt_tokens_details.cached_tokens, int)
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
+        assert text.startswith(chat.choices[0].message.content[:8])
         two = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, n=2,
                                         temperature=0.8, seed=1)
         assert [c.index for c in two.choices] == [0, 1]

@@ -128,7 +128,7 @@ def test_concurrent_requests_share_engine_batches(app):
 def test_a_small_stream_budget_merges_deltas_into_fewer_chunks(app):
     _, servers = app
     tiny = servers["tiny"]
-    cfg = tiny.config.model_copy(update={"stream_messages_per_s": 0.5})  # 4 streams: one message per 8 s
+    cfg = tiny.config.model_copy(update={"stream_messages_per_s": 0.01})  # 4 streams: one message per 400 s
     api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
     asks = [[{"role": "user", "content": f"count {i}"}] for i in range(4)]
     streams = call(api, *[chat(max_tokens=64, messages=m, stream=True) for m in asks])
@@ -139,6 +139,25 @@ def test_a_small_stream_budget_merges_deltas_into_fewer_chunks(app):
         assert len([c for c in content if c]) <= 3  # 64 tokens: the first at once, the rest merged
         assert "".join(c or "" for c in content) == whole.json()["choices"][0]["message"]["content"]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_one_stream_under_the_budget_gets_its_deltas_as_they_come(app):
+    """No fixed merge interval: one stream of 48 tokens under a GPU-sized budget arrives in several chunks,
+    whose text, finish reason and usage are exactly the non-streamed answer's."""
+    _, servers = app
+    tiny = servers["tiny"]
+    cfg = tiny.config.model_copy(update={"stream_messages_per_s": 3000.0})
+    api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
+    ask = [{"role": "user", "content": "count to ten"}]
+    stream, whole = call(api, chat(max_tokens=48, messages=ask, ignore_eos=True, stream=True,
+                              stream_options={"include_usage": True}),
+                         chat(max_tokens=48, messages=ask, ignore_eos=True))
+    chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
+    content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert len([c for c in content if c]) > 1
+    assert "".join(c or "" for c in content) == whole.json()["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"] == whole.json()["usage"] and chunks[-1]["usage"]["completion_tokens"] == 48
+    assert stream.headers["x-fleetllm-replica"] == whole.headers["x-fleetllm-replica"] == "local"
 
 
 def test_chat_template_kwargs_reach_the_template(app):

@@ -61,12 +61,12 @@ def test_llm_config_in_ray_serve_llm_shape():
         LLMConfig(model_loading_config=dict(model_id="x"), deployment_config={"replicas": 2})
 
 
-def test_stream_budget_defaults_to_a_cpu_limit_and_none_on_gpu():
+def test_stream_budget_defaults_to_a_cpu_and_a_gpu_limit():
     def budget(**model):
         return ServeSpec.model_validate({"models": [{"model_id": "m", **model}]}).llm_configs()[0].stream_budget()
 
     assert budget() == 40.0
-    assert budget(gpus_per_replica=1) == float("inf")
+    assert budget(gpus_per_replica=1) == 2000.0
     assert budget(gpus_per_replica=1, stream_messages_per_s=500) == 500
     with pytest.raises(ValidationError, match="stream_messages_per_s"):
         LLMConfig(model_loading_config=dict(model_id="x"), stream_messages_per_s=0)

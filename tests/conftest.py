@@ -16,6 +16,20 @@ def pytest_collection_modifyitems(config, items):
         for marker in ("unit", "integration", "e2e"):
             if marker in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+    # The modules that call a shared served app (SHARED_APPS below) run one after another, where the first
+    # of them would run: the app does not idle, holding its memory and its Ray cluster, between them.
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        for key in (module(item), *(n for n in SHARED_APPS if n in item.fixturenames)):
+            first.setdefault(key, i)
+    anchor = {module(item): first[module(item)] for item in items}
+    for item in items:
+        anchor[module(item)] = min([anchor[module(item)]] + [first[n] for n in SHARED_APPS if n in item.fixturenames])
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (anchor[module(item)], first[module(item)], position[id(item)]))
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +75,7 @@ def ray_local():
 # idle app does not hold its memory for the rest of the session.
 SMOLLM2_APP = {"model_id": "smollm2", "source": "smollm2-135m-instruct", "max_ongoing_requests": 8,
                "max_queued_requests": 8, "cpus_per_replica": 1}
+SHARED_APPS = ("served_smollm2", "served_smollm2_vllm")
 _SHARED_STOPS: dict = {}
 
 

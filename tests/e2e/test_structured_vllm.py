@@ -12,7 +12,6 @@ import jsonschema
 import openai
 import pytest
 
-from fleetllm.testing.serve_process import ServeProcess
 from test_cli_run import fleetllm, read_rows, write_job
 from test_structured import ASK, CITY, openai_batch_lines
 
@@ -25,22 +24,18 @@ pytestmark = [
 VLLM_KWARGS = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 8}
 
 
-def test_serve_on_vllm_json_schema_validates_also_streamed(tmp_path, embedded_model):
-    spec = {"name": "vllm-structured", "models": [{
-        "model_id": "smollm2", "source": "smollm2-135m-instruct", "engine": "vllm", "engine_kwargs": VLLM_KWARGS,
-        "max_ongoing_requests": 8, "max_queued_requests": 8, "cpus_per_replica": 1}]}
-    with ServeProcess(spec, tmp_path, env={"VLLM_CPU_KVCACHE_SPACE": "1"}, start_timeout_s=900) as served:
-        client = openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0, timeout=600)
-        response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
-        chat = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
-                                              response_format=response_format)
-        jsonschema.validate(json.loads(chat.choices[0].message.content), CITY)
-        chunks = list(client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
-                                                     response_format=response_format, stream=True))
-        jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), CITY)
-        pick = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8,
-                                              extra_body={"structured_outputs": {"choice": ["Paris", "Rome"]}})
-        assert pick.choices[0].message.content in ("Paris", "Rome")
+def test_serve_on_vllm_json_schema_validates_also_streamed(served_smollm2_vllm):  # the shared app, tests/conftest.py
+    client = openai.OpenAI(base_url=served_smollm2_vllm.url, api_key="unused", max_retries=0, timeout=600)
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    chat = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
+                                          response_format=response_format)
+    jsonschema.validate(json.loads(chat.choices[0].message.content), CITY)
+    chunks = list(client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
+                                                 response_format=response_format, stream=True))
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), CITY)
+    pick = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8,
+                                          extra_body={"structured_outputs": {"choice": ["Paris", "Rome"]}})
+    assert pick.choices[0].message.content in ("Paris", "Rome")
 
 
 def test_openai_batch_file_on_vllm_gives_a_parsed_column(tmp_path):

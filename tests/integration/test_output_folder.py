@@ -40,13 +40,27 @@ def row_ids(out: Path) -> list[str]:
     return sorted(i for t in tables for i in t.column("row_id").to_pylist())
 
 
+@pytest.fixture(scope="module")
+def completed(ray_local, tiny_model, tmp_path_factory) -> Path:
+    """A folder (in.jsonl and out/) whose default job (spec_for) ran to the end once: the tests that start
+    from such a folder copy it instead of running the job again."""
+    folder = tmp_path_factory.mktemp("completed")
+    assert run_job(spec_for(tiny_model, folder))["complete"] is True
+    return folder
+
+
+def copy_completed(completed: Path, tmp_path: Path) -> None:
+    # copy2 keeps in.jsonl's mtime (with its size, part of each shard's identity), so the copy resumes as the original
+    shutil.copytree(completed, tmp_path, dirs_exist_ok=True)
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_a_torn_manifest_line_of_an_earlier_version_loses_nothing(ray_local, tiny_model, tmp_path):
+def test_a_torn_manifest_line_of_an_earlier_version_loses_nothing(ray_local, tiny_model, tmp_path, completed):
+    copy_completed(completed, tmp_path)
     spec = spec_for(tiny_model, tmp_path)
-    run_job(spec)
     out = tmp_path / "out"
     # the folder as an earlier version left it when killed mid-append: manifest.jsonl, last line torn
     commits = sorted((out / "_fleetllm" / "commits").glob("shard-*.json"))
@@ -63,9 +77,9 @@ def test_a_torn_manifest_line_of_an_earlier_version_loses_nothing(ray_local, tin
     assert run_job(spec)["rows_skipped"] == 8  # and it resumes from the commit objects from now on
 
 
-def test_overwrite_refuses_a_folder_holding_foreign_files_and_lists_them(ray_local, tiny_model, tmp_path):
+def test_overwrite_refuses_a_folder_holding_foreign_files_and_lists_them(ray_local, tiny_model, tmp_path, completed):
+    copy_completed(completed, tmp_path)
     spec = spec_for(tiny_model, tmp_path)
-    run_job(spec)
     out = tmp_path / "out"
     pq.write_table(pa.table({"row_id": ["stranger"]}), out / "data.parquet")
     before = tree(out)
@@ -97,16 +111,16 @@ def test_a_second_run_on_the_same_folder_refuses_naming_the_holder(ray_local, ti
     assert not lock.exists()
 
 
-def test_after_shard_rows_changes_only_the_new_plans_commits_count(ray_local, tiny_model, tmp_path):
-    run_job(spec_for(tiny_model, tmp_path, shard_rows=2))  # 4 shards
+def test_after_shard_rows_changes_only_the_new_plans_commits_count(ray_local, tiny_model, tmp_path, completed):
+    copy_completed(completed, tmp_path)  # shard_rows 2: 4 shards
     report = run_job(spec_for(tiny_model, tmp_path, shard_rows=3))  # 3 shards: 3 + 3 + 2
     assert report["rows"] == 8 and report["shards"] == 3 and report["complete"] is True
     assert sorted(p.name for p in (tmp_path / "out").glob("part-*")) == [f"part-00000{i}.parquet" for i in range(3)]
     assert row_ids(tmp_path / "out") == IDS
 
 
-def test_a_dry_run_leaves_the_folder_byte_identical(ray_local, tiny_model, tmp_path):
-    run_job(spec_for(tiny_model, tmp_path))
+def test_a_dry_run_leaves_the_folder_byte_identical(ray_local, tiny_model, tmp_path, completed):
+    copy_completed(completed, tmp_path)
     out = tmp_path / "out"
     (out / ".tmp-part-000009.parquet").write_bytes(b"half")
     (out / "_fleetllm" / "lock.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))

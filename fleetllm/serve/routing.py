@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+# the module itself: ray.serve.llm (its __init__) imports vLLM protocol classes of a newer vLLM than 0.25.1
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
 
 ROUTER_PATH = "fleetllm.serve.routing.PrefixAffinityRouter"
 

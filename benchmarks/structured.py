@@ -10,7 +10,8 @@ so compare ratios within one run):
   choice        structured_outputs choice (one label out of four)
 
 Each leg's figure is its own output tokens / wall seconds (structured outputs end where the grammar
-does, so legs generate different counts); `ratio` is a leg's tokens/s over the free leg's. `valid`
+does, so legs generate different counts); `ratio` is the median over rounds of a leg's tokens/s over the
+same round's free leg. `valid`
 is the share of rows whose text parses as JSON (the JSON legs; the free leg is asked for JSON too).
 The engine and the grammars are warmed up before timing (a grammar compiles once per schema).
 
@@ -32,9 +33,10 @@ from pathlib import Path
 
 TOPICS = ["the moon", "bread", "rivers", "chess", "volcanoes", "bees", "trains", "glass", "music", "salt",
           "clouds", "paper", "bridges", "tea", "maps", "owls"]
-SCHEMA = {"type": "object", "properties": {
-    "topic": {"type": "string"}, "summary": {"type": "string"},
-    "keywords": {"type": "array", "items": {"type": "string"}}, "interest": {"type": "integer"}},
+SCHEMA = {"type": "object", "additionalProperties": False, "properties": {  # bounded, as labelling schemas are
+    "topic": {"type": "string", "maxLength": 40}, "summary": {"type": "string", "maxLength": 160},
+    "keywords": {"type": "array", "items": {"type": "string", "maxLength": 24}, "maxItems": 4},
+    "interest": {"type": "integer", "minimum": 1, "maximum": 10}},
     "required": ["topic", "summary", "keywords", "interest"]}
 LABELS = ["science", "food", "nature", "culture"]
 LEGS = {
@@ -110,23 +112,25 @@ def main() -> None:
         legs[leg] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
                      "output_tokens": statistics.median(r["output_tokens"] for r in rs),
                      "wall_s": statistics.median(r["wall_s"] for r in rs),
-                     "valid_json": statistics.median(r["valid_json"] for r in rs), "runs": rs}
-    base = legs["free"]["tokens_per_s"]
-    for leg in legs.values():
-        leg["ratio"] = leg["tokens_per_s"] / base if base else None
+                     "valid_json": statistics.median(r["valid_json"] for r in rs) if leg != "choice" else None,
+                     "runs": rs}
+    for name, leg in legs.items():  # each round's leg over the same round's free leg, then the median
+        leg["ratios"] = [r["tokens_per_s"] / f["tokens_per_s"] for r, f in zip(runs[name], runs["free"])]
+        leg["ratio"] = statistics.median(leg["ratios"])
     print(f"engine {args.engine} ({engine.version}), model {args.model}, {args.rows} rows x <= {args.max_tokens} "
           f"tokens, greedy, median of {args.repeats}")
     print(f"{'leg':<12} {'out tokens':>10} {'wall s':>8} {'tok/s':>8} {'ratio':>6} {'valid JSON':>10}")
     for name, leg in legs.items():
         print(f"{name:<12} {leg['output_tokens']:>10.0f} {leg['wall_s']:>8.2f} {leg['tokens_per_s']:>8.1f} "
-              f"{leg['ratio']:>6.2f} {leg['valid_json']:>10.0%}")
+              f"{leg['ratio']:>6.2f} {'-' if leg['valid_json'] is None else format(leg['valid_json'], '.0%'):>10}")
     out = Path(__file__).parent / "results" / f"structured-{args.engine}{'-' + args.tag if args.tag else ''}.json"
     out.write_text(json.dumps({
         "engine": args.engine, "engine_version": engine.version, "model": args.model, "rows": args.rows,
         "max_tokens": args.max_tokens, "repeats": args.repeats, "engine_kwargs": kwargs,
         "engine_start_s": start_s, "legs": legs, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                              "node": platform.node()},
-        "note": "tokens/s of each leg over its own output tokens; ratio vs the free leg; the machine may be shared",
+        "note": "tokens/s of each leg over its own output tokens; ratio: the median over rounds of the leg's tokens/s "
+                "over the same round's free leg; the machine may be shared", "load1": os.getloadavg()[0],
     }, indent=2))
     print(f"wrote {out}")
 

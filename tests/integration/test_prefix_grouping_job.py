@@ -81,3 +81,16 @@ def test_grouped_job_keeps_each_rows_id_and_answer_and_resumes_exactly(tiny_mode
 
     with pytest.raises(PlanError, match="prefix_grouping"):  # the setting is part of the fingerprint
         run_job(make_spec(tiny_model, tmp_path, "on", "off"))
+
+
+def test_grouped_job_on_ray_with_two_replicas_reads_the_grouped_shards(ray_local, tiny_model, tmp_path):
+    spec = make_spec(tiny_model, tmp_path, "ray", "on")
+    spec.compute.replicas = 2
+    report = run_job(spec)
+    assert not report["in_process"] and report["replicas"] == 2
+    out = read_output(spec.output.path)
+    assert set(out) == {f"d{d}q{q}" for d in range(DOCS) for q in range(QUESTIONS)}
+    for rid, row in out.items():
+        assert row["question"].startswith(f"Question {rid.split('q')[1]} about document {rid[1:].split('q')[0]}")
+        assert row["error"] is None and row["num_generated_tokens"] > 0
+    assert len(report["shard_nodes"]) == report["shards"]

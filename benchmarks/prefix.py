@@ -1,8 +1,8 @@
 """Prefix grouping (compute.prefix_grouping, issue 19): bare vLLM on shuffled rows against `fleetllm run`
 with grouping off and on, on workloads whose rows share prefixes (and ones where nothing is to group).
 
-Workloads (deterministic, seeded; rows {id, text, system?, sampling_params}, exactly --max-tokens out
-with ignore_eos):
+Workloads (deterministic, seeded; rows {id, messages: [system, user], sampling_params}, exactly
+--max-tokens out with ignore_eos):
 - docs: --docs documents of ~--doc-tokens tokens, --questions questions each, rows shuffled; the total
   prefix volume (docs x doc tokens) should be well above the engine's KV cache (--engine-kwargs
   kv_cache_memory_bytes on a small run);
@@ -69,6 +69,12 @@ def text_of_tokens(tok, rng: random.Random, n: int) -> str:
 
 
 def workload(tok, name: str, a: argparse.Namespace) -> list[dict]:
+    """Rows {id, messages (system + user), sampling_params}: every leg sends the same messages."""
+    return [{"id": r["id"], "messages": [{"role": "system", "content": r["system"]}, {"role": "user", "content": r["text"]}],
+             "sampling_params": r["sampling_params"]} for r in _rows(tok, name, a)]
+
+
+def _rows(tok, name: str, a: argparse.Namespace) -> list[dict]:
     rng = random.Random(f"prefix-{name}")
     sampling = {"max_tokens": a.max_tokens, "ignore_eos": True, "temperature": 0.0}
     if name == "docs":
@@ -93,7 +99,7 @@ def bare(args) -> None:
 
     rows = [json.loads(line) for line in open(args.input) if line.strip()]
     llm = LLM(model=args.model, **json.loads(args.engine_kwargs))
-    msgs = [[{"role": "system", "content": r["system"]}, {"role": "user", "content": r["text"]}] for r in rows]
+    msgs = [r["messages"] for r in rows]
     t0 = time.time()
     outs = llm.chat(msgs, [SamplingParams(**r["sampling_params"]) for r in rows], use_tqdm=False)
     gen = time.time() - t0
@@ -113,7 +119,7 @@ def run_leg(leg: str, model: str, rows_path: Path, work: Path, engine_kwargs: di
         out = work / leg
         job = {"name": leg, "model": {"source": model, "engine": "vllm", "engine_kwargs": engine_kwargs},
                "input": {"path": str(rows_path), "id_column": "id"},
-               "prompt": {"system": SYSTEM, "template": "{text}"}, "output": {"path": str(out), "shard_rows": 1000},
+               "output": {"path": str(out), "shard_rows": 1000},  # the rows' own messages
                "compute": {"prefix_grouping": leg.rsplit("_", 1)[1]}}
         (work / f"{leg}.yaml").write_text(yaml.safe_dump(job))
         cmd = [sys.executable, "-m", "fleetllm", "run", str(work / f"{leg}.yaml"), "--overwrite"]

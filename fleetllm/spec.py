@@ -240,6 +240,12 @@ class ComputeSpec(StrictModel):
         "per-row error such as a prompt that is too long, which is final). Engines transformers and vllm; "
         "engine openai retries each HTTP request itself (model.engine_kwargs.max_retries) and refuses this "
         "setting, so the two never multiply.")
+    prefix_grouping: Literal["off", "auto", "on"] = Field(
+        "auto", description="Put rows whose prompts share a prefix (a document asked several questions) in the "
+        "same shards, next to each other, so the engine's prefix cache computes each prefix once. on: always "
+        "(the input is partitioned once into OUT/_fleetllm/grouped/; output rows keep their row_id, in prefix "
+        "order); auto: on when a sample of the rows shows shared prefixes and the job has >= 256 rows; off: "
+        "input order. Generate jobs on their own template/messages/prompt (not openai_batch input).")
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
 

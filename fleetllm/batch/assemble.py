@@ -56,7 +56,8 @@ def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) 
         input_tokens=int(pc.sum(table.column("num_input_tokens")).as_py() or 0),
         output_tokens=int(pc.sum(table.column("num_generated_tokens")).as_py() or 0)
         if "num_generated_tokens" in table.column_names else 0,
-        fingerprint=shard_fingerprint(plan.fingerprint, shard), nodes=[n for n in node_ids if n])
+        fingerprint=shard_fingerprint(plan.fingerprint, shard), nodes=[n for n in node_ids if n],
+        cached_tokens=cached_tokens(table))
     drop = [c for c in INTERNAL_COLUMNS if c in table.column_names]
     if plan.spec.prompt.template and "messages" in table.column_names:
         drop.append("messages")
@@ -69,6 +70,15 @@ def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) 
         data = fixed_size_embedding(data, plan.embedding_dims)
     out.commit(entry, lambda fh: writer.write(fh, data))
     return entry
+
+
+def cached_tokens(table) -> int | None:
+    """Prompt tokens of the shard's rows found in the engine's prefix cache; None where no row's engine said."""
+    import pyarrow.compute as pc
+
+    if "_cached_tokens" not in table.column_names or table.column("_cached_tokens").null_count == table.num_rows:
+        return None
+    return int(pc.sum(table.column("_cached_tokens")).as_py() or 0)
 
 
 def fixed_types(table):

@@ -67,9 +67,11 @@ class ManifestEntry:
     output_tokens: int
     fingerprint: str
     nodes: list[str]
+    cached_tokens: int | None = None  # prompt tokens from the engine's prefix cache, where the engine says
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
+        fields = {k: v for k, v in self.__dict__.items() if k != "cached_tokens" or v is not None}
+        return json.dumps(fields, sort_keys=True)
 
 
 def _entry(raw: bytes | str) -> ManifestEntry | None:

@@ -45,6 +45,16 @@ class JobPlan:
     task: str = "generate"  # "embed": the replicas embed (spec.task, or the OpenAI Batch lines' url)
     embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
     columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
+    grouping: Any = None  # fleetllm.batch.prefix.Decision: rows grouped by prompt prefix, or not
+
+    @property
+    def grouped(self) -> bool:
+        return self.grouping is not None and self.grouping.on
+
+    @property
+    def read_format(self) -> str:
+        """The format the shards are read as: grouped shards are JSON lines (fleetllm.batch.prefix)."""
+        return "jsonl" if self.grouped else self.spec.input.format
 
     @property
     def replicas(self) -> int:
@@ -88,6 +98,7 @@ class JobPlan:
             *(f"           {line}" for line in self.replica_plan.description[1:]),
             f"prompts    {self.prompt_stage if self.task == 'generate' else 'text as it is (no chat template), tokenized in the replicas'}",
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
+            *([f"grouping   {self.grouping.reason}"] if self.grouping is not None else []),
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),
@@ -163,6 +174,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if planned_now:
             columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    grouping = decide_grouping(spec, task, preprocess, shards)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
     if task == "embed":  # only then: fingerprints of generate jobs stay as they were
@@ -173,6 +185,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         prompt={**prompt_parts, **({"input_columns": spec.input.columns} if spec.input.columns else {})},
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
+    if grouping.on:  # only then: fingerprints of ungrouped jobs stay as they were
+        parts["prefix_grouping"] = grouping.fingerprint_part()
     if columns is not None:
         parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
     fp = fingerprint(parts)
@@ -185,12 +199,54 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         out.prepare(fp, parts, overwrite)
         if planned_now:
             record_columns(spec.output.path, key, columns)
+        if grouping.on:
+            shards = grouped_shards(spec, shards, grouping, prompt_parts)
         pending, committed = out.pending(shards, fp)
         out.discard_others(committed)  # other plans' shards are never read back mixed in
     rows_per_call = sizing.rows_per_call(engine, spec.compute, spec.output.shard_rows)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns)
+                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping)
+
+
+def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard]):
+    """compute.prefix_grouping for this job (fleetllm.batch.prefix.decide), from a sample of its prompts."""
+    from fleetllm.batch import prefix
+
+    mode = spec.compute.prefix_grouping
+    why_not = ("embed jobs" if task == "embed" else "openai_batch input" if spec.input.format == "openai_batch"
+               else "a custom preprocess" if preprocess is not None else None)
+    if why_not is not None:
+        if mode == "on":
+            raise PlanError(f"compute.prefix_grouping: on does not apply to {why_not} (the key is the job's own "
+                            "prompt); set it to auto or off")
+        return prefix.Decision(False, mode, 0, f"{mode}: not for {why_not}")
+    if mode == "off":
+        return prefix.decide(mode, [], 0)
+    read, pre = grouping_readers(spec)
+    sample = [prefix.prompt_text(pre(row)) for s in prefix.sample_shards(shards) for row in read(s)]
+    return prefix.decide(mode, sample, sum(s.rows for s in shards))
+
+
+def grouping_readers(spec: JobSpec) -> tuple[Callable, Callable]:
+    """(read a shard's rows, build a row's prompt) as the job does, for the grouping's key."""
+    from fleetllm.batch.stages import TemplatePreprocessor
+    from fleetllm.batch.shard_rows import read_shard_rows
+
+    def read(shard: Shard) -> list[dict]:
+        return read_shard_rows(shard.to_dict(), spec.input.format, None, spec.input.columns)
+
+    return read, TemplatePreprocessor(spec.prompt.system, spec.prompt.template, {}, spec.input.id_column)
+
+
+def grouped_shards(spec: JobSpec, shards: list[Shard], grouping, prompt_parts: dict) -> list[Shard]:
+    """The shards of the grouped input files (written once into the output folder; fleetllm.batch.prefix)."""
+    from fleetllm.batch import prefix
+
+    read, pre = grouping_readers(spec)
+    gid = prefix.grouping_id(shards, spec.output.shard_rows, grouping, prompt_parts)
+    files = prefix.group_input(shards, read, pre, grouping, spec.output.shard_rows, spec.output.path, gid)
+    return plan_shards(files, spec.output.shard_rows)
 
 
 def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:

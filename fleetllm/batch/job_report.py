@@ -21,7 +21,7 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
     rows_total = sum(e.rows for e in committed.values())
     errors_total = sum(e.errors for e in committed.values())
     nodes = sorted({n for e in committed.values() for n in e.nodes})
-    return {
+    return {**prefix_cache(plan, committed.values()),
         "name": plan.spec.name,
         "complete": len(committed) == len(plan.shards),
         "rows": rows_total,
@@ -52,4 +52,21 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "fingerprint": plan.fingerprint,
         "versions": {"fleetllm": __version__, "ray": version("ray"), "python": platform.python_version()},
         "spec": json.loads(plan.spec.model_dump_json()),
+    }
+
+
+def prefix_cache(plan: JobPlan, entries) -> dict[str, Any]:
+    """prompt_tokens, cached_prompt_tokens (None where the engine does not say: transformers, openai) and
+    prefix_cache_hit_rate (cached / prompt tokens of the shards whose engine said), and the grouping."""
+    entries = list(entries)
+    said = [e for e in entries if e.cached_tokens is not None]
+    cached = sum(e.cached_tokens for e in said) if said else None
+    prompt_said = sum(e.input_tokens for e in said)
+    grouping = plan.grouping
+    return {
+        "prompt_tokens": sum(e.input_tokens for e in entries),
+        "cached_prompt_tokens": cached,
+        "prefix_cache_hit_rate": round(cached / prompt_said, 4) if said and prompt_said else None,
+        "prefix_grouping": None if grouping is None else {"mode": grouping.mode, "on": grouping.on,
+                                                          "key_chars": grouping.key_chars, "why": grouping.reason},
     }

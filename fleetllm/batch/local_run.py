@@ -106,7 +106,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
         load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0, "engine_start": time.time()}
     starter = EngineStarter(pool.stage_class(), pool.stage_kwargs())
-    declared = plan.spec.input.format
+    declared = plan.read_format
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
 
     def shard_table(shard) -> Any:

@@ -21,6 +21,8 @@ class JobProgress:
         self.done = 0  # rows computed in this run
         self.output_tokens = 0
         self.errors = 0
+        self.prompt_tokens = 0  # of rows whose engine reports prefix-cache hits
+        self.cached_tokens: int | None = None
         self.start = time.monotonic()
         self.interval_s = interval_s
         self._last_line = self.start
@@ -41,12 +43,19 @@ class JobProgress:
     def _rates(self) -> str:
         elapsed = max(time.monotonic() - self.start, 1e-6)
         return (f"{self.done / elapsed:.1f} rows/s  {self.output_tokens / elapsed:.0f} tok/s"
+                + (f"  prefix cache {self.cached_tokens / self.prompt_tokens:.0%}"
+                   if self.cached_tokens is not None and self.prompt_tokens else "")
                 + (f"  {self.errors} errors" if self.errors else ""))
 
-    def advance(self, rows: int, output_tokens: int, errors: int = 0) -> None:
+    def advance(self, rows: int, output_tokens: int, errors: int = 0, prompt_tokens: int = 0,
+                cached_tokens: int | None = None) -> None:
+        """`cached_tokens`: of the `prompt_tokens`, those the engine found in its prefix cache (None: not said)."""
         self.done += rows
         self.output_tokens += output_tokens
         self.errors += errors
+        if cached_tokens is not None:
+            self.cached_tokens = (self.cached_tokens or 0) + cached_tokens
+            self.prompt_tokens += prompt_tokens
         if self._progress is not None:
             self._progress.update(self._task, advance=rows, rate=self._rates())
         elif time.monotonic() - self._last_line >= self.interval_s:

@@ -135,7 +135,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         series.commit(entry, commit_started)
         for k in totals:
             totals[k] += getattr(entry, k)
-        progress.advance(entry.rows, entry.output_tokens, entry.errors)
+        progress.advance(entry.rows, entry.output_tokens, entry.errors, entry.input_tokens, entry.cached_tokens)
         last_commit = time.time()
 
     try:

@@ -20,7 +20,7 @@ from fleetllm.structured import StructuredOutput
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
-                    "sampling_params", "_prompt_token_ids", "_messages")
+                    "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens")
 # The output columns' types: shards whose rows all lack a value (a null column) still share one schema.
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
                 "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
@@ -76,7 +76,8 @@ class TemplatePreprocessor:
             value = row.get(self.id_column)
             if value is not None:
                 return str(value)
-        return f"{row.get('_file', '')}:{row['_line']}" if "_file" in row else str(row["_line"])
+        line = row.get("_source_line", row["_line"])  # a grouped shard's row: its line in its own file
+        return f"{row.get('_file', '')}:{line}" if "_file" in row else str(line)
 
 
 def checked_messages(value: Any) -> list[dict[str, Any]]:
@@ -271,6 +272,7 @@ class EngineStage:
                 if n_max > 1:
                     row["completions"] = []
             row.pop("_prompt_token_ids", None)  # used; not carried back through Ray
+            row["_cached_tokens"] = done[i][0].num_cached_tokens if i in done else None
             row["_node"] = self.node_id
             row["_ready"] = self.ready_at
             row["_started"] = started

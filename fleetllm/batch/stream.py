@@ -8,18 +8,15 @@ completion for the driver to assemble into shards and commit.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
 from rich.console import Console
 
 from fleetllm import sizing
-from fleetllm.batch import hf_input, io as input_files
 from fleetllm.batch.assemble import ShardAssembler
-from fleetllm.batch.columns import conform_row
 from fleetllm.batch.job_plan import JobPlan, engine_pool
-from fleetllm.batch.plan import Shard
+from fleetllm.batch.shard_rows import read_shard_rows
 from fleetllm.spec import JobSpec
 
 
@@ -48,24 +45,6 @@ def init_ray(address: str | None, min_cpus: float = 1, runtime_env: dict[str, An
     ctx.verbose_progress = False
 
 
-def read_shard_rows(item: dict[str, Any], declared: str, columns=None,
-                     keep: list[str] | None = None) -> list[dict[str, Any]]:
-    """A shard's rows, each value as the job's column plan types it (so every block agrees); `keep`:
-    input.columns (the chosen columns only)."""
-    shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
-    rows = hf_input.read_shard(shard) if declared == "hf" else input_files.read_shard(shard, declared, shard.path)
-    if keep:
-        rows = [hf_input.keep_columns(row, keep) for row in rows]
-    for row in rows:
-        row["_shard"] = shard.shard_id
-        row["_file"] = shard.rel
-        if declared == "openai_batch" and "body" in row and not isinstance(row["body"], str):
-            row["body"] = json.dumps(row["body"])  # bodies differ in shape: keep them as text in Arrow
-        if columns is not None:
-            conform_row(row, columns)
-    return rows
-
-
 def wait_for_cluster(spec: JobSpec, console: Console) -> None:
     """Block until the connected cluster has compute.wait_for (nodes joining late); ResourceTimeout
     (a PlanError naming what was seen) after compute.wait_timeout_s."""
@@ -82,7 +61,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
 
     spec = plan.spec
     items = [s.to_dict() for s in plan.pending]
-    declared = spec.input.format
+    declared = plan.read_format
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.flat_map(read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns,
                                                   "keep": spec.input.columns}, num_cpus=0.25)

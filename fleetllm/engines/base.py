@@ -60,6 +60,7 @@ class GenerationResult:
     num_input_tokens: int = 0
     error: str | None = None
     attempts: int | None = None  # HTTP attempts made for the row (engines that retry, e.g. openai)
+    num_cached_tokens: int | None = None  # prompt tokens found in the engine's prefix cache (vLLM says)
 
     @classmethod
     def failed(cls, error: str, num_input_tokens: int = 0) -> "GenerationResult":

@@ -299,7 +299,8 @@ class VLLMEngine(Engine):
                 return GenerationResult.failed(f"vLLM ended the request ({out.finish_reason})",
                                                num_input_tokens=len(ids))
             completions.append(completion)
-        return GenerationResult(completions=completions, num_input_tokens=len(ids))
+        return GenerationResult(completions=completions, num_input_tokens=len(ids),
+                                num_cached_tokens=final.num_cached_tokens)
 
     def _start(self, requests: list[GenerationRequest]) -> list[Any]:
         """Hand each request to vLLM as soon as its prompt is ready (so the engine starts on the first

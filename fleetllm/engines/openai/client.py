@@ -65,6 +65,7 @@ class CallResult:
     completion_tokens: int = 0
     error: str | None = None
     attempts: int = 0
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server says
     embedding: list[float] | None = None  # the vector of an embeddings call
     endpoint_error: str | None = None  # not the row's fault: the caller stops (see endpoint_problem)
     latency_s: float = 0.0  # the successful attempt's latency (or the last attempt's)
@@ -317,10 +318,12 @@ def _parse(response: Any) -> CallResult:
         text = (message.content if message is not None else getattr(ch, "text", None)) or ""
         choices.append(Choice(text=text, finish_reason=ch.finish_reason, index=getattr(ch, "index", i) or i))
     usage = getattr(response, "usage", None)
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
     return CallResult(
         choices=choices,
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cached_tokens=int(cached) if cached is not None else None,
     )
 
 

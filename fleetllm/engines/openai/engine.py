@@ -104,7 +104,8 @@ def to_result(call: CallResult, n: int) -> GenerationResult:
         completions = [Completion(text=c.text, num_generated_tokens=per_choice,
                                   finish_reason=c.finish_reason or "stop", index=c.index)
                        for c in call.choices]
-        result = GenerationResult(completions=completions, num_input_tokens=call.prompt_tokens)
+        result = GenerationResult(completions=completions, num_input_tokens=call.prompt_tokens,
+                                  num_cached_tokens=call.cached_tokens)
     result.attempts = call.attempts
     return result
 

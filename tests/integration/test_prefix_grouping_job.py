@@ -1,0 +1,96 @@
+"""compute.prefix_grouping on a real job (the transformers engine, a tiny random-weight model, in this
+process): each row once with its own id and answer, the grouped plan resumed exactly, the setting in the
+fingerprint, and run.json's prefix-cache fields where the engine does not report cache hits."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+
+from fleetllm.batch.runner import run_job
+from fleetllm.errors import PlanError
+from fleetllm.spec import JobSpec
+
+DOCS, QUESTIONS = 10, 3
+
+
+def read_output(path) -> dict[str, dict]:
+    rows = pads.dataset(str(path), format="parquet", exclude_invalid_files=True).to_table().to_pylist()
+    by_id = {r["row_id"]: r for r in rows}
+    assert len(by_id) == len(rows)  # no row twice
+    return by_id
+
+
+def make_spec(tiny_model, tmp_path, out: str, grouping: str) -> JobSpec:
+    src = tmp_path / "in.jsonl"
+    if not src.exists():
+        rng = random.Random(1)
+        docs = [f"Document {d}: " + " ".join(rng.choice(["red", "green", "blue"]) for _ in range(60))
+                for d in range(DOCS)]
+        rows = [{"id": f"d{d}q{q}", "doc": docs[d], "question": f"Question {q} about document {d}?"}
+                for d in range(DOCS) for q in range(QUESTIONS)]
+        rng.shuffle(rows)
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return JobSpec.model_validate({
+        "name": "prefix", "model": {"source": tiny_model, "engine": "transformers"},
+        "input": {"path": str(src), "id_column": "id"},
+        "prompt": {"system": "Answer briefly.", "template": "{doc}\n\n{question}"},
+        "sampling": {"max_tokens": 3}, "output": {"path": str(tmp_path / out), "shard_rows": 8},
+        "compute": {"replicas": 1, "batch_size": 4, "prefix_grouping": grouping},
+    })
+
+
+def test_grouped_job_keeps_each_rows_id_and_answer_and_resumes_exactly(tiny_model, tmp_path):
+    on = make_spec(tiny_model, tmp_path, "on", "on")
+    report = run_job(on)
+    grouped = read_output(on.output.path)
+    ids = {f"d{d}q{q}" for d in range(DOCS) for q in range(QUESTIONS)}
+    assert set(grouped) == ids
+    for rid, row in grouped.items():  # the row's own input beside its answer
+        assert row["question"].startswith(f"Question {rid.split('q')[1]} about document {rid[1:].split('q')[0]}")
+        assert row["error"] is None and row["num_generated_tokens"] > 0
+    saved = json.loads((Path(on.output.path) / "run.json").read_text())
+    assert saved["prefix_grouping"]["on"] and saved["complete"] and saved["rows"] == len(ids)
+    assert saved["prompt_tokens"] == sum(r["num_input_tokens"] for r in grouped.values())
+    assert saved["cached_prompt_tokens"] is None and saved["prefix_cache_hit_rate"] is None  # transformers
+    # the rows of one document sit next to each other in the output (the grouped shards' order)
+    order = [r["row_id"] for r in pads.dataset(on.output.path, format="parquet",
+                                               exclude_invalid_files=True).to_table().to_pylist()]
+    runs = [rid.split("q")[0] for k, rid in enumerate(order) if k == 0 or order[k - 1].split("q")[0] != rid.split("q")[0]]
+    assert len(runs) <= DOCS + report["shards"]  # a document split at most at a shard's edge
+
+    # the same rows, ungrouped: the same prompt and the same greedy answer for each row id
+    run_job(make_spec(tiny_model, tmp_path, "off", "off"))
+    off = read_output(tmp_path / "off")
+    for rid in ids:
+        assert grouped[rid]["num_input_tokens"] == off[rid]["num_input_tokens"]
+        assert grouped[rid]["generated_text"] == off[rid]["generated_text"]
+
+    # a partial run: two shards' commits lost; the next run reuses the grouped plan and computes only those
+    commits = sorted((Path(on.output.path) / "_fleetllm" / "commits").iterdir())
+    lost = [json.loads(p.read_text())["rows"] for p in commits[:2]]
+    for p in commits[:2]:
+        p.unlink()
+    again = run_job(on)
+    assert again["rows_computed"] == sum(lost) and again["shards_computed"] == 2
+    assert read_output(on.output.path) == grouped
+
+    with pytest.raises(PlanError, match="prefix_grouping"):  # the setting is part of the fingerprint
+        run_job(make_spec(tiny_model, tmp_path, "on", "off"))
+
+
+def test_grouped_job_on_ray_with_two_replicas_reads_the_grouped_shards(ray_local, tiny_model, tmp_path):
+    spec = make_spec(tiny_model, tmp_path, "ray", "on")
+    spec.compute.replicas = 2
+    report = run_job(spec)
+    assert not report["in_process"] and report["replicas"] == 2
+    out = read_output(spec.output.path)
+    assert set(out) == {f"d{d}q{q}" for d in range(DOCS) for q in range(QUESTIONS)}
+    for rid, row in out.items():
+        assert row["question"].startswith(f"Question {rid.split('q')[1]} about document {rid[1:].split('q')[0]}")
+        assert row["error"] is None and row["num_generated_tokens"] > 0
+    assert len(report["shard_nodes"]) == report["shards"]

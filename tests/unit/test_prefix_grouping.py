@@ -1,0 +1,159 @@
+"""Prefix grouping (fleetllm.batch.prefix): the key, the auto decision, and the grouped plan (each row
+exactly once, rows of one prefix in one shard and next to each other, the same input -> the same shards),
+on real files, without Ray or a model."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+
+import pytest
+
+from fleetllm.batch import prefix
+from fleetllm.batch.io import describe_files
+from fleetllm.batch.plan import plan_shards
+from fleetllm.batch.stages import TemplatePreprocessor
+from fleetllm.batch.shard_rows import read_shard_rows
+
+TEMPLATE = "Read the document and answer.\n\nDocument:\n{doc}\n\nQuestion: {question}"
+
+
+def docs_questions(docs: int, questions: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    texts = [f"Document {d}. " + " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(80))
+             for d in range(docs)]
+    rows = [{"doc_id": d, "question_id": q, "doc": texts[d], "question": f"What is word {q} of document {d}?"}
+            for d in range(docs) for q in range(questions)]
+    rng.shuffle(rows)
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def grouped(tmp_path, rows, shard_rows: int, mode: str = "on", out: str = "out"):
+    if not (tmp_path / "in.jsonl").exists():  # written once: its mtime is part of the input's identity
+        write_jsonl(tmp_path / "in.jsonl", rows)
+    files = describe_files(str(tmp_path / "in.jsonl"), "jsonl", shard_rows)
+    shards = plan_shards(files, shard_rows)
+    pre = TemplatePreprocessor(None, TEMPLATE, {})
+
+    def read(shard):
+        return read_shard_rows(shard.to_dict(), "jsonl")
+
+    sample = [prefix.prompt_text(pre(r)) for s in prefix.sample_shards(shards) for r in read(s)]
+    decision = prefix.decide(mode, sample, len(rows))
+    gid = prefix.grouping_id(shards, shard_rows, decision, {"template": TEMPLATE})
+    gfiles = prefix.group_input(shards, read, pre, decision, shard_rows, str(tmp_path / out), gid)
+    gshards = plan_shards(gfiles, shard_rows)
+    by_shard = {s.shard_id: [pre(r) for r in read_shard_rows(s.to_dict(), "jsonl")] for s in gshards}
+    return decision, gshards, by_shard
+
+
+def test_grouped_plan_holds_each_row_once_with_its_own_id_and_a_prefix_in_one_shard(tmp_path):
+    rows = docs_questions(docs=40, questions=4)
+    decision, shards, by_shard = grouped(tmp_path, rows, shard_rows=16)
+    assert decision.on
+    seen = [r for rs in by_shard.values() for r in rs]
+    # each row once, with the row id the ungrouped job gives it (file:line of the input)
+    assert sorted(r["row_id"] for r in seen) == sorted(f"in.jsonl:{k}" for k in range(len(rows)))
+    for r in seen:
+        assert rows[int(r["row_id"].split(":")[1])] == {k: r[k] for k in ("doc_id", "question_id", "doc", "question")}
+    where = defaultdict(set)
+    for sid, rs in by_shard.items():
+        for r in rs:
+            where[r["doc_id"]].add(sid)
+    # a document's rows in one shard, or in two adjacent shards of one bucket file where the bucket
+    # (whole keys) holds more than shard_rows rows and the cut falls inside the group
+    rel = {s.shard_id: s.rel for s in shards}
+    for d, sids in where.items():
+        assert len(sids) == 1 or (len(sids) == 2 and max(sids) - min(sids) == 1 and len({rel[s] for s in sids}) == 1)
+    assert sum(len(sids) == 1 for sids in where.values()) >= 0.75 * len(where)
+    for rs in by_shard.values():  # adjacent within the shard: each document one run of rows
+        runs = [r["doc_id"] for k, r in enumerate(rs) if k == 0 or rs[k - 1]["doc_id"] != r["doc_id"]]
+        assert len(runs) == len(set(runs))
+
+
+def test_the_same_input_gives_the_same_shards_and_bytes(tmp_path):
+    rows = docs_questions(docs=30, questions=3)
+    _, a, rows_a = grouped(tmp_path, rows, shard_rows=10, out="a")
+    _, b, rows_b = grouped(tmp_path, rows, shard_rows=10, out="b")
+    assert [s.identity() for s in a] == [s.identity() for s in b]
+    assert rows_a == rows_b
+    files_a = sorted((tmp_path / "a" / "_fleetllm" / "grouped").rglob("*.jsonl"))
+    files_b = sorted((tmp_path / "b" / "_fleetllm" / "grouped").rglob("*.jsonl"))
+    assert [f.read_bytes() for f in files_a] == [f.read_bytes() for f in files_b]
+
+
+def test_a_second_plan_reuses_the_grouped_files(tmp_path):
+    rows = docs_questions(docs=20, questions=3)
+    _, first, _ = grouped(tmp_path, rows, shard_rows=10)
+    marker = next((tmp_path / "out" / "_fleetllm" / "grouped").rglob(prefix.MARKER))
+    written = {p: p.stat().st_mtime_ns for p in marker.parent.iterdir()}
+    _, again, _ = grouped(tmp_path, rows, shard_rows=10)
+    assert [s.identity() for s in again] == [s.identity() for s in first]
+    assert {p: p.stat().st_mtime_ns for p in marker.parent.iterdir()} == written
+
+
+@pytest.mark.parametrize("questions, on", [(1, False), (4, True)])
+def test_auto_groups_only_when_the_sample_shows_shared_prefixes(tmp_path, questions, on):
+    rows = docs_questions(docs=2048 // questions, questions=questions)
+    pre = TemplatePreprocessor(None, TEMPLATE, {})
+    texts = [prefix.prompt_text(pre({**r, "_line": k})) for k, r in enumerate(rows)]
+    sample = texts[:512]  # the rows are shuffled: the first ones are a uniform sample
+    decision = prefix.decide("auto", sample, len(rows))
+    assert decision.on is on, decision.reason
+    # the key: what every prompt shares (the template's head) plus KEY_EXTRA characters of the document
+    assert decision.key_chars == prefix.common_prefix_len(sample) + prefix.KEY_EXTRA
+
+
+def test_one_shared_few_shot_prefix_is_not_grouped_by_auto():
+    shots = "Examples:\n" + "\n".join(f"Q: {i}+{i}? A: {2 * i}" for i in range(50))
+    texts = [f"{shots}\nQ: {i} times {i + 7}, spelled out in words?" for i in range(1000)]
+    assert not prefix.decide("auto", texts, 10_000).on
+    assert not prefix.decide("auto", texts[:10], 100).on  # small jobs: never
+    assert prefix.decide("on", texts, 100).on and not prefix.decide("off", texts, 10_000).on
+
+
+def test_error_rows_and_prompt_rows_have_keys():
+    assert prefix.prompt_text({"error": "bad line", "prompt": "x"}) == ""
+    assert prefix.prompt_text({"prompt": "hello"}) == "hello"
+    assert prefix.prompt_text({"_messages": '[{"role": "user"}]', "prompt": "x"}) == '[{"role": "user"}]'
+    assert prefix.key_of("abcdef", 3) == prefix.key_of("abcxyz", 3) != prefix.key_of("abd", 3)
+    assert all(0 <= prefix.bucket_of(prefix.key_of(str(i), 5), 7) < 7 for i in range(100))
+
+
+def test_progress_shows_the_hit_rate_only_where_the_engine_says(tmp_path):
+    from rich.console import Console
+
+    from fleetllm.batch.progress import JobProgress
+
+    progress = JobProgress(10, console=Console(file=open(tmp_path / "log", "w"), force_terminal=False))
+    progress.advance(5, 20, 0, 1000, None)  # transformers: no cache figure
+    assert "prefix cache" not in progress.line()
+    progress.advance(5, 20, 0, 1000, 750)
+    assert "prefix cache 75%" in progress.line()
+
+
+def test_commit_objects_without_cache_figures_stay_as_they_were():
+    from fleetllm.batch.commit import ManifestEntry
+
+    entry = ManifestEntry(3, "part-000003.parquet", 5, 0, 100, 20, "ab", [])
+    assert "cached_tokens" not in json.loads(entry.to_json())
+    assert json.loads(ManifestEntry(**{**json.loads(entry.to_json()), "cached_tokens": 64}).to_json())["cached_tokens"] == 64
+
+
+def test_the_openai_engine_reads_cached_tokens_where_the_server_reports_them():
+    from openai.types.chat import ChatCompletion
+
+    from fleetllm.engines.openai.client import _parse
+    from fleetllm.engines.openai.engine import to_result
+
+    body = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 300, "completion_tokens": 2, "total_tokens": 302}}
+    assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens is None
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 256}
+    assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens == 256

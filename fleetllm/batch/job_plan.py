@@ -174,7 +174,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if planned_now:
             columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
-    grouping = decide_grouping(spec, task, preprocess, shards)
+    grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
     if task == "embed":  # only then: fingerprints of generate jobs stay as they were
@@ -209,7 +209,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                    replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping)
 
 
-def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard]):
+def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard], columns: Any = None):
     """compute.prefix_grouping for this job (fleetllm.batch.prefix.decide), from a sample of its prompts."""
     from fleetllm.batch import prefix
 
@@ -221,11 +221,19 @@ def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shard
             raise PlanError(f"compute.prefix_grouping: on does not apply to {why_not} (the key is the job's own "
                             "prompt); set it to auto or off")
         return prefix.Decision(False, mode, 0, f"{mode}: not for {why_not}")
-    if mode == "off":
-        return prefix.decide(mode, [], 0)
+    total = sum(s.rows for s in shards)
+    if mode == "off" or (mode == "auto" and total < prefix.AUTO_MIN_ROWS):  # decided without reading a row
+        return prefix.decide(mode, [], total)
     read, pre = grouping_readers(spec)
-    sample = [prefix.prompt_text(pre(row)) for s in prefix.sample_shards(shards) for row in read(s)]
-    return prefix.decide(mode, sample, sum(s.rows for s in shards))
+    rows = [row for s in prefix.sample_shards(shards) for row in read(s)]
+    kept = prefix.json_unsafe_column(columns, rows)  # the grouped files are JSON lines
+    if kept is not None:
+        if mode == "on":
+            raise PlanError(f"compute.prefix_grouping: on cannot keep input column {kept[0]!r} ({kept[1]}): grouped "
+                            "rows travel as JSON lines; cast the column to text first, or set prefix_grouping: off")
+        return prefix.Decision(False, mode, 0, f"auto: off, column {kept[0]!r} ({kept[1]}) would not survive "
+                                                "the grouped JSON files")
+    return prefix.decide(mode, [prefix.prompt_text(pre(row)) for row in rows], total)
 
 
 def grouping_readers(spec: JobSpec) -> tuple[Callable, Callable]:

@@ -23,6 +23,8 @@ sorted in memory (the driver holds that group).
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import hashlib
 import json
 import os
@@ -106,6 +108,41 @@ def decide(mode: str, sample_texts: list[str], total_rows: int) -> Decision:
     why = (f"auto: {pairs} same-prefix pair(s) in a sample of {n} rows: ~{extra + 1:.1f} rows per prefix "
            f"(on from 1.5), key = first {key_chars} characters of the prompt")
     return Decision(on, mode, key_chars, why)
+
+
+_JSON_UNSAFE = (bytes, bytearray, datetime.date, datetime.time, datetime.timedelta, decimal.Decimal)
+
+
+def json_unsafe_column(columns: Any, rows: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(column, type) of an input column whose values JSON text would not give back as they were (binary,
+    dates and times, decimals), from the planned column types (a pyarrow schema) or the sampled rows' values
+    (typed inputs such as Hugging Face datasets); None when every column survives the grouped JSON files."""
+    import pyarrow as pa
+
+    def unsafe(t: Any) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return unsafe(t.value_type)
+        if pa.types.is_struct(t):
+            return any(unsafe(t.field(i).type) for i in range(t.num_fields))
+        return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+                or pa.types.is_temporal(t) or pa.types.is_decimal(t))
+
+    for field in columns or []:
+        if unsafe(field.type):
+            return field.name, str(field.type)
+
+    def value_unsafe(v: Any) -> bool:
+        if isinstance(v, dict):
+            return any(value_unsafe(x) for x in v.values())
+        if isinstance(v, (list, tuple)):
+            return any(value_unsafe(x) for x in v)
+        return isinstance(v, _JSON_UNSAFE)
+
+    for row in rows:
+        for name, v in row.items():
+            if not name.startswith("_") and value_unsafe(v):
+                return name, type(v).__name__
+    return None
 
 
 def sample_shards(shards: list[Shard], per_shard: int | None = None) -> list[Shard]:

@@ -94,3 +94,30 @@ def test_grouped_job_on_ray_with_two_replicas_reads_the_grouped_shards(ray_local
         assert row["question"].startswith(f"Question {rid.split('q')[1]} about document {rid[1:].split('q')[0]}")
         assert row["error"] is None and row["num_generated_tokens"] > 0
     assert len(report["shard_nodes"]) == report["shards"]
+
+
+def test_a_timestamp_column_is_refused_by_on_and_keeps_auto_off(tiny_model, tmp_path):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fleetllm.batch.job_plan import plan_job
+
+    n = 300  # above auto's minimum; every row the same document (auto would group them)
+    pq.write_table(pa.table({"doc": ["Document one. " * 40] * n, "question": [f"Q{i}?" for i in range(n)],
+                             "at": [datetime.datetime(2026, 1, 1, 12, i % 60) for i in range(n)]}),
+                   tmp_path / "in.parquet")
+
+    def spec(grouping: str) -> JobSpec:
+        return JobSpec.model_validate({
+            "name": "typed", "model": {"source": tiny_model, "engine": "transformers"},
+            "input": {"path": str(tmp_path / "in.parquet"), "format": "parquet"},
+            "prompt": {"template": "{doc}\n\n{question}"}, "output": {"path": str(tmp_path / f"out-{grouping}")},
+            "compute": {"replicas": 1, "prefix_grouping": grouping}})
+
+    with pytest.raises(PlanError, match="'at'.*timestamp.*prefix_grouping: off"):
+        plan_job(spec("on"), dry_run=True)
+    plan = plan_job(spec("auto"), dry_run=True)
+    assert not plan.grouped and "'at'" in plan.grouping.reason
+    assert not (tmp_path / "out-auto").exists() and not (tmp_path / "out-on").exists()

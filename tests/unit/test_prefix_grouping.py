@@ -157,3 +157,19 @@ def test_the_openai_engine_reads_cached_tokens_where_the_server_reports_them():
     assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens is None
     body["usage"]["prompt_tokens_details"] = {"cached_tokens": 256}
     assert to_result(_parse(ChatCompletion.model_validate(body)), 1).num_cached_tokens == 256
+
+
+def test_columns_json_would_not_give_back_keep_a_job_ungrouped():
+    import datetime
+    import decimal
+
+    import pyarrow as pa
+
+    assert prefix.json_unsafe_column(pa.schema([("doc", pa.string()), ("n", pa.int64())]), []) is None
+    assert prefix.json_unsafe_column(pa.schema([("doc", pa.string()), ("at", pa.timestamp("us"))]), []) == (
+        "at", "timestamp[us]")
+    assert prefix.json_unsafe_column(pa.schema([("tags", pa.list_(pa.binary()))]), [])[0] == "tags"
+    # typed inputs without a column plan (Hugging Face datasets): the sampled values decide
+    assert prefix.json_unsafe_column(None, [{"doc": "x", "price": decimal.Decimal("1.10")}]) == ("price", "Decimal")
+    assert prefix.json_unsafe_column(None, [{"doc": "x", "meta": {"day": datetime.date(2026, 1, 2)}}])[0] == "meta"
+    assert prefix.json_unsafe_column(None, [{"doc": "x", "_file": b"internal"}]) is None

@@ -127,9 +127,8 @@ def json_unsafe_column(columns: Any, rows: list[dict[str, Any]]) -> tuple[str, s
         return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
                 or pa.types.is_temporal(t) or pa.types.is_decimal(t))
 
-    for field in columns or []:
-        if unsafe(field.type):
-            return field.name, str(field.type)
+    if columns is not None:  # planned from every input file: the types say it for every row
+        return next(((f.name, str(f.type)) for f in columns if unsafe(f.type)), None)
 
     def value_unsafe(v: Any) -> bool:
         if isinstance(v, dict):

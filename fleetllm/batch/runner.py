@@ -20,6 +20,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import sizing
+from fleetllm.batch import store
 from fleetllm.batch.assemble import commit_shard
 from fleetllm.batch.commit import OutputFolder
 from fleetllm.batch.job_plan import plan_job
@@ -52,10 +53,8 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 def folders_to_create(url: str) -> list[str]:
     """The local folders a run of this output path creates (OUT/_fleetllm, OUT and missing parents),
     deepest first; [] for an object store (no folders there)."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url)
-    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    fs, root = store.open_url(url)
+    if not store.is_local(fs):
         return []
     missing, path = [], os.path.join(os.path.abspath(root), "_fleetllm")
     while path and not os.path.exists(path):
@@ -179,10 +178,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 def preflight(spec: JobSpec) -> None:
     """Checks that need no Ray: the output folder can be written (a local one); an openai endpoint
     accepts the job's key and serves its model (EndpointError otherwise, naming the fix)."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(spec.output.path)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    fs, root = store.open_url(spec.output.path)
+    if store.is_local(fs):
         probe = os.path.join(root, ".tmp-write-check")
         try:
             os.makedirs(root, exist_ok=True)

@@ -7,6 +7,7 @@ only because decoding follows the schema (xgrammar)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jsonschema
 import openai
@@ -47,22 +48,27 @@ def check_batch_output(lines: dict[str, dict]) -> None:
     assert content["choice"] in ("Paris", "Rome", "Tokyo")
 
 
-def test_json_schema_chat_validates_also_streamed(served_smollm2):  # the shared app, tests/conftest.py
-    client = openai.OpenAI(base_url=served_smollm2.url, api_key="unused", max_retries=0, timeout=600)
+def check_structured_chats(client: openai.OpenAI) -> tuple[Any, list]:
+    """A json_schema chat, plain and streamed, valid against CITY, and a choice through vLLM's
+    structured_outputs shape (extra_body, as with vLLM's server); returns (the chat, the stream's chunks)."""
     response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
     chat = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
                                           response_format=response_format)
     jsonschema.validate(json.loads(chat.choices[0].message.content), CITY)
-    assert chat.choices[0].finish_reason == "stop"
     chunks = list(client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
                                                  response_format=response_format, stream=True))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    jsonschema.validate(json.loads(streamed), CITY)
-    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # it did stream
-    # vLLM's structured_outputs shape, through extra_body as with vLLM's server
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), CITY)
     pick = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8,
                                           extra_body={"structured_outputs": {"choice": ["Paris", "Rome"]}})
     assert pick.choices[0].message.content in ("Paris", "Rome")
+    return chat, chunks
+
+
+def test_json_schema_chat_validates_also_streamed(served_smollm2):  # the shared app, tests/conftest.py
+    client = openai.OpenAI(base_url=served_smollm2.url, api_key="unused", max_retries=0, timeout=600)
+    chat, chunks = check_structured_chats(client)
+    assert chat.choices[0].finish_reason == "stop"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # it did stream
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8,
                                        response_format={"type": "json_schema", "json_schema": {"name": "x"}})

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from test_cli_run import fleetllm, read_rows, write_job
-from test_structured import ASK, CITY, openai_batch_lines
+from test_structured import CITY, check_structured_chats, openai_batch_lines
 
 pytestmark = [
     pytest.mark.vllm,
@@ -25,17 +25,8 @@ VLLM_KWARGS = {"max_model_len": 1024, "enforce_eager": True, "max_num_seqs": 8}
 
 
 def test_serve_on_vllm_json_schema_validates_also_streamed(served_smollm2_vllm):  # the shared app, tests/conftest.py
-    client = openai.OpenAI(base_url=served_smollm2_vllm.url, api_key="unused", max_retries=0, timeout=600)
-    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
-    chat = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
-                                          response_format=response_format)
-    jsonschema.validate(json.loads(chat.choices[0].message.content), CITY)
-    chunks = list(client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=48, temperature=0,
-                                                 response_format=response_format, stream=True))
-    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), CITY)
-    pick = client.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8,
-                                          extra_body={"structured_outputs": {"choice": ["Paris", "Rome"]}})
-    assert pick.choices[0].message.content in ("Paris", "Rome")
+    check_structured_chats(openai.OpenAI(base_url=served_smollm2_vllm.url, api_key="unused", max_retries=0,
+                                         timeout=600))
 
 
 def test_openai_batch_file_on_vllm_gives_a_parsed_column(tmp_path):

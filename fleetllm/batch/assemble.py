@@ -51,13 +51,15 @@ def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) 
 
     errors = table.num_rows - table.column("error").null_count
     node_ids = sorted(set(table.column("_node").to_pylist())) if "_node" in table.column_names else []
+    replicas = (sorted(set(table.column("_replica").to_pylist()) - {None, ""})
+                if "_replica" in table.column_names else [])
     entry = ManifestEntry(
         shard=shard.shard_id, file=part_name(shard.shard_id, out.fmt), rows=table.num_rows, errors=errors,
         input_tokens=int(pc.sum(table.column("num_input_tokens")).as_py() or 0),
         output_tokens=int(pc.sum(table.column("num_generated_tokens")).as_py() or 0)
         if "num_generated_tokens" in table.column_names else 0,
         fingerprint=shard_fingerprint(plan.fingerprint, shard), nodes=[n for n in node_ids if n],
-        cached_tokens=cached_tokens(table))
+        cached_tokens=cached_tokens(table), replicas=replicas or None)
     drop = [c for c in INTERNAL_COLUMNS if c in table.column_names]
     if plan.spec.prompt.template and "messages" in table.column_names:
         drop.append("messages")

@@ -68,9 +68,10 @@ class ManifestEntry:
     fingerprint: str
     nodes: list[str]
     cached_tokens: int | None = None  # prompt tokens from the engine's prefix cache, where the engine says
+    replicas: list[str] | None = None  # the engine replicas (Ray actor ids) that computed the shard's rows
 
     def to_json(self) -> str:
-        fields = {k: v for k, v in self.__dict__.items() if k != "cached_tokens" or v is not None}
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("cached_tokens", "replicas") or v is not None}
         return json.dumps(fields, sort_keys=True)
 
 

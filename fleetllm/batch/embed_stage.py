@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from fleetllm.batch.stages import TemplatePreprocessor, render_template, replica_node_id
+from fleetllm.batch.stages import TemplatePreprocessor, render_template, replica_id, replica_node_id
 from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult
 from fleetllm.errors import FleetError
 
@@ -88,6 +88,7 @@ class EmbedStage:
         self.max_retries = 0 if self.engine.retries_requests else max_retries
         self.ready_at = time.time()
         self.node_id = replica_node_id(node_id)
+        self.replica = replica_id()
 
     def _embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:
         """The batch; when the engine raises as a whole, each request alone, up to max_retries times."""
@@ -147,7 +148,8 @@ class EmbedStage:
                 row["embedding"] = vectors[0] if vectors else None
             for key in ("_embed_text", "_embed_inputs", "_embed_dimensions"):
                 row.pop(key, None)
-            row.update(_node=self.node_id, _ready=self.ready_at, _started=started, _finished=finished)
+            row.update(_node=self.node_id, _replica=self.replica, _ready=self.ready_at, _started=started,
+                       _finished=finished)
             out.append(row)
         return pa.Table.from_pylist(out)
 

@@ -99,6 +99,8 @@ class JobPlan:
             f"prompts    {self.prompt_stage if self.task == 'generate' else 'text as it is (no chat template), tokenized in the replicas'}",
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             *([f"grouping   {self.grouping.reason}"] if self.grouping is not None else []),
+            *(["           rows of one prefix bucket on one replica (one lane per replica)"]
+              if self.grouped and self.replicas > 1 else []),
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),

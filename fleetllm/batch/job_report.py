@@ -49,6 +49,7 @@ def make_report(plan: JobPlan, totals: dict[str, int], wall: float, generation_w
         "resources_per_replica": plan.resources,
         "nodes": nodes,
         "shard_nodes": {str(e.shard): e.nodes for e in committed.values()},
+        "shard_replicas": {str(e.shard): e.replicas for e in committed.values() if e.replicas},
         "fingerprint": plan.fingerprint,
         "versions": {"fleetllm": __version__, "ray": version("ray"), "python": platform.python_version()},
         "spec": json.loads(plan.spec.model_dump_json()),
@@ -67,6 +68,8 @@ def prefix_cache(plan: JobPlan, entries) -> dict[str, Any]:
         "prompt_tokens": sum(e.input_tokens for e in entries),
         "cached_prompt_tokens": cached,
         "prefix_cache_hit_rate": round(cached / prompt_said, 4) if said and prompt_said else None,
-        "prefix_grouping": None if grouping is None else {"mode": grouping.mode, "on": grouping.on,
-                                                          "key_chars": grouping.key_chars, "why": grouping.reason},
+        "prefix_grouping": None if grouping is None else {
+            "mode": grouping.mode, "on": grouping.on, "key_chars": grouping.key_chars, "why": grouping.reason,
+            # grouped on several replicas: each grouped file's shards on one replica (fleetllm.batch.stream)
+            "replica_affinity": bool(plan.grouped and plan.replicas > 1)},
     }

@@ -207,6 +207,24 @@ def group_input(shards: list[Shard], read_rows: Callable[[Shard], Iterable[dict[
     return [_input_file(fs, here, f) for f in files]
 
 
+def replica_lanes(shards: list[Shard], replicas: int) -> list[list[Shard]]:
+    """The grouped shards dealt to `replicas` lanes (one engine replica each): every shard of one grouped
+    file goes to the same lane, so the rows of one prefix (one file: one hash bucket) reach one replica's
+    prefix cache, even where a prefix group spans shards or a shard spans engine calls. Files go largest
+    first to the lane with the fewest rows so far (ties: file name, lane number): deterministic, balanced
+    to within one file. Empty lanes are left out."""
+    by_file: dict[str, list[Shard]] = {}
+    for s in shards:
+        by_file.setdefault(s.rel, []).append(s)
+    lanes: list[list[Shard]] = [[] for _ in range(max(1, replicas))]
+    load = [0] * len(lanes)
+    for rel, group in sorted(by_file.items(), key=lambda kv: (-sum(s.rows for s in kv[1]), kv[0])):
+        k = min(range(len(lanes)), key=lambda i: (load[i], i))
+        lanes[k].extend(group)
+        load[k] += sum(s.rows for s in group)
+    return [lane for lane in lanes if lane]
+
+
 def _spill(shards, read_rows, preprocess, key_chars: int, buckets: int, spill: str) -> None:
     buffered: dict[int, list[bytes]] = {}
     size = 0

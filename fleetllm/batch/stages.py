@@ -19,8 +19,8 @@ from fleetllm.structured import StructuredOutput
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
-INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_ready", "_started", "_finished", "_input_error", "_raw",
-                    "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens")
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_replica", "_ready", "_started", "_finished", "_input_error",
+                    "_raw", "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens")
 # The output columns' types: shards whose rows all lack a value (a null column) still share one schema.
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
                 "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
@@ -220,6 +220,17 @@ def replica_node_id(node_id: str | None = None) -> str:
         return ""
 
 
+def replica_id() -> str:
+    """This replica's id: the Ray actor's (first 12 hex digits), or "" outside an actor (in-process runs)."""
+    try:
+        import ray
+
+        actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    except Exception:
+        actor = None
+    return (actor or "")[:12]
+
+
 class EngineStage:
     """A Ray Data callable class: one engine per actor (replica), loaded once."""
 
@@ -239,6 +250,7 @@ class EngineStage:
             self.max_retries = 0  # the engine retries each request itself; no second budget on top
         self.ready_at = time.time()  # lets the report measure throughput after engine start
         self.node_id = replica_node_id(node_id)
+        self.replica = replica_id()
 
     def __call__(self, batch):
         import pyarrow as pa
@@ -274,6 +286,7 @@ class EngineStage:
             row.pop("_prompt_token_ids", None)  # used; not carried back through Ray
             row["_cached_tokens"] = done[i][0].num_cached_tokens if i in done else None
             row["_node"] = self.node_id
+            row["_replica"] = self.replica
             row["_ready"] = self.ready_at
             row["_started"] = started
             row["_finished"] = finished

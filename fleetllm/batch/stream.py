@@ -9,6 +9,7 @@ completion for the driver to assemble into shards and commit.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Callable
 
 from rich.console import Console
@@ -57,19 +58,33 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
 
 
 def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
+    """The job's dataset. Grouped by prefix on several replicas: one lane per replica (an actor pool of
+    one, fed only its lane's shards; fleetllm.batch.prefix.replica_lanes), the lanes' outputs unioned, so
+    the rows of one prefix meet one replica's prefix cache. Otherwise one pool of all the replicas."""
+    pool = engine_pool(plan)
+    if plan.grouped and pool.replica_plan.replicas > 1:
+        from fleetllm.batch.prefix import replica_lanes
+
+        lanes = replica_lanes(plan.pending, pool.replica_plan.replicas)
+        one = replace(pool, replica_plan=replace(pool.replica_plan, replicas=1))
+        branches = [_shard_stream(plan, preprocessor, lane, one) for lane in lanes]
+        return branches[0].union(*branches[1:]) if len(branches) > 1 else branches[0]
+    return _shard_stream(plan, preprocessor, plan.pending, pool)
+
+
+def _shard_stream(plan: JobPlan, preprocessor: Callable[[dict], dict], shards: list, pool):
     import ray
 
     spec = plan.spec
-    items = [s.to_dict() for s in plan.pending]
-    declared = plan.read_format
+    items = [s.to_dict() for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(read_shard_rows, fn_kwargs={"declared": declared, "columns": plan.columns,
+    ds = ds.flat_map(read_shard_rows, fn_kwargs={"declared": plan.read_format, "columns": plan.columns,
                                                   "keep": spec.input.columns}, num_cpus=0.25)
     ds = ds.map(preprocessor, num_cpus=0.25)
     # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
     # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return engine_pool(plan).apply(ds)
+    return pool.apply(ds)
 
 
 def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Callable) -> dict[str, float]:

@@ -95,6 +95,20 @@ def test_grouped_job_on_ray_with_two_replicas_reads_the_grouped_shards(ray_local
         assert row["error"] is None and row["num_generated_tokens"] > 0
     assert len(report["shard_nodes"]) == report["shards"]
 
+    # replica affinity: each shard computed by one replica, every row of a document by the same replica,
+    # and both replicas used (the grouped files are dealt to one lane per replica)
+    replicas = report["shard_replicas"]
+    assert set(replicas) == {str(s) for s in range(report["shards"])}
+    assert all(len(r) == 1 for r in replicas.values())
+    doc_replicas: dict[str, set] = {}
+    for part in sorted(Path(spec.output.path).glob("part-*.parquet")):
+        shard = str(int(part.stem.split("-")[1]))
+        for rid in pads.dataset(str(part), format="parquet").to_table(columns=["row_id"]).column("row_id").to_pylist():
+            doc_replicas.setdefault(rid.split("q")[0], set()).update(replicas[shard])
+    assert len(doc_replicas) == DOCS and all(len(r) == 1 for r in doc_replicas.values()), doc_replicas
+    assert len(set().union(*doc_replicas.values())) == 2
+    assert report["prefix_grouping"]["replica_affinity"] is True
+
 
 def test_a_timestamp_column_is_refused_by_on_and_keeps_auto_off(tiny_model, tmp_path):
     import datetime

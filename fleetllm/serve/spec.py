@@ -173,6 +173,11 @@ CPU_STREAM_MESSAGES_PER_S = 40.0
 # and the ingress (one Python process each, ~0.3-0.5 ms a message on a server core): 2,000 a second keeps
 # the ingress below one core, per token up to ~10 streams at 5 ms steps (benchmarks/NOTES-serve.md).
 GPU_STREAM_MESSAGES_PER_S = 2000.0
+# A GPU replica's on the direct path (the replica is the ingress): no ingress process and one Ray hop less;
+# what remains per message is the replica's SSE chunk and the HTTP proxy (~0.15 ms a message on a server
+# core, and Serve merges a request's queued ASGI messages when the proxy lags): 6,000 a second keeps one
+# message per token up to ~36 streams at 6 ms steps (benchmarks/NOTES-serve.md, change 8).
+GPU_DIRECT_STREAM_MESSAGES_PER_S = 6000.0
 
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
                    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",

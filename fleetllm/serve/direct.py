@@ -5,11 +5,15 @@
 
 No OpenAIIngress deployment and no DeploymentHandle: each streamed chunk crosses one Ray hop (replica ->
 proxy) instead of two, and no ingress process builds it (Ray Serve LLM's "direct streaming", ray #63468).
-Admission is the replica's own, so that clients see what the separate path gives them: Serve sends a
-replica up to max_ongoing + max_queued requests (+ room for /health, /metrics, /v1/models); the first
-max_ongoing run in the engine, the next max_queued wait in the replica, and past both the API answers
-429 + Retry-After with the OpenAI error body (`DirectBackend`). Serve's own backpressure (its router
-queue, 429) only acts when every replica is past that room, or while none is up (scale from zero).
+
+Admission. One fixed replica: the replica queues, so that clients see what the separate path gives them:
+Serve sends it up to max_ongoing + max_queued requests (+ ROOM for /health, /metrics, /v1/models); the
+first max_ongoing run in the engine, the next max_queued wait in the replica, and past both the API
+answers 429 + Retry-After with the OpenAI error body (`DirectBackend`); /health answers under full load.
+Several replicas or autoscaling: Serve's router queues (max_ongoing per replica, max_queued per replica
+in its queue), as on the separate path, because only the router sees every replica: a replica that queued
+for itself would take requests an idle one could run. Past the queue Serve's proxy answers 429 +
+Retry-After (its backpressure_config), with a text body; /health and /metrics wait for a slot there.
 """
 
 from __future__ import annotations
@@ -58,18 +62,24 @@ class DirectBackend(LocalBackend):
 
 
 def replica_limits(cfg: LLMConfig) -> tuple[int, int]:
-    """(max_ongoing, max_queued) of one replica, as serve.yaml says them."""
+    """(max_ongoing, max_queued) one replica admits itself: serve.yaml's for one fixed replica; (max_ongoing,
+    0) where Serve's router queues (several replicas, autoscaling)."""
     opts = {"max_ongoing_requests": 32, "max_queued_requests": 64, **cfg.deployment_config}
-    return int(opts["max_ongoing_requests"]), int(opts["max_queued_requests"])
+    return int(opts["max_ongoing_requests"]), int(opts["max_queued_requests"]) if queues_itself(cfg) else 0
+
+
+def queues_itself(cfg: LLMConfig) -> bool:
+    """One fixed replica: it holds the model's queue (else Serve's router does, seeing every replica)."""
+    return "autoscaling_config" not in cfg.deployment_config and cfg.deployment_config.get("num_replicas", 1) == 1
 
 
 def direct_options(cfg: LLMConfig) -> dict[str, Any]:
-    """Serve options of the direct deployment: the replica admits its capacity plus ROOM; Serve's router
-    queue holds the model's queue (all replicas) plus ROOM while every replica is past that."""
+    """Serve options of the direct deployment (see the module's docstring)."""
     opts = cfg.deployment_options()
-    ongoing, queued = replica_limits(cfg)
-    opts["max_ongoing_requests"] = ongoing + queued + ROOM
-    opts["max_queued_requests"] = opts["max_queued_requests"] + ROOM
+    if queues_itself(cfg):
+        ongoing, queued = replica_limits(cfg)
+        opts["max_ongoing_requests"] = ongoing + queued + ROOM
+        opts["max_queued_requests"] = queued + ROOM  # while the replica (re)starts
     return opts
 
 

@@ -118,11 +118,11 @@ def choose_ingress(ingress: str, models: list[Any]) -> tuple[str, str]:
     if ingress == "direct" and blockers:
         raise ValueError("ingress: direct cannot serve this app: " + "; ".join(blockers)
                          + "; use ingress: auto or separate")
-    if ingress == "separate":
-        return "separate", "ingress: separate"
+    if ingress != "auto":
+        return ingress, f"as `ingress: {ingress}` asks"
     if blockers:
-        return "separate", "; ".join(blockers)
-    return "direct", ("ingress: direct" if ingress == "direct" else "ingress: auto, one model with the default routing")
+        return "separate", "auto: " + "; ".join(blockers)
+    return "direct", "auto: one model with the default routing"
 
 
 class ServeSpec(StrictModel):

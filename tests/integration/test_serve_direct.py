@@ -27,6 +27,15 @@ def spec(name: str, model: str, ingress: str, **extra) -> ServeSpec:
                                                  "cpus_per_replica": 0.5, **extra}]})
 
 
+def wait_running(name: str) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + 300
+    while serve.status().applications[name].status != "RUNNING":
+        assert time.monotonic() < deadline, serve.status().applications[name]
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def apps(ray_local, tiny_model):
     """The same model served twice in one Serve instance: app `direct` (auto) at /d, `separate` at /s."""
@@ -41,10 +50,7 @@ def apps(ray_local, tiny_model):
         serve.run(build_openai_app({"llm_configs": s.llm_configs(), "api_key": KEY, "ingress": ingress}),
                   name=name, route_prefix=prefix, blocking=False)
     for name in ("direct", "separate"):
-        deadline = time.monotonic() + 300
-        while serve.status().applications[name].status != "RUNNING":
-            assert time.monotonic() < deadline, serve.status().applications[name]
-            time.sleep(0.5)
+        wait_running(name)
     yield {"direct": f"http://127.0.0.1:{port}/d", "separate": f"http://127.0.0.1:{port}/s"}
     for name in ("direct", "separate"):
         serve.delete(name)
@@ -156,3 +162,35 @@ def test_ingress_choice_is_validated_and_named(tiny_model):
         build_openai_app({"llm_configs": cfgs, "ingress": "direct"})
     with pytest.raises(SpecError, match="not one of auto, direct, separate"):
         build_openai_app({"llm_configs": cfgs[:1], "ingress": "sideways"})
+
+
+def test_direct_path_with_two_replicas_answers_from_both(apps, tiny_model):
+    from ray import serve
+
+    from fleetllm.serve.app import build_openai_app
+    from fleetllm.serve.run import ingress_line
+
+    s = spec("direct-two", tiny_model, "auto", replicas=2, max_ongoing_requests=2, max_queued_requests=2)
+    assert ingress_line(s).startswith("ingress: direct")
+    serve.run(build_openai_app({"llm_configs": s.llm_configs(), "api_key": KEY}), name="direct-two",
+              route_prefix="/two", blocking=False)
+    wait_running("direct-two")
+    url = apps["direct"].removesuffix("/d") + "/two/v1"
+    body = {"model": "tiny", "prompt": "go", "max_tokens": 200, "ignore_eos": True}
+
+    async def go(n: int):
+        async with httpx.AsyncClient(timeout=120, headers=HDR) as client:
+            return await asyncio.gather(*[client.post(f"{url}/completions", json=body) for _ in range(n)])
+
+    try:  # several replicas: Serve's router queues (2 running per replica; its queue holds 2 x 2)
+        replies = asyncio.run(go(4))
+        assert [r.status_code for r in replies] == [200] * 4, [r.text for r in replies]
+        assert len({r.headers["x-fleetllm-replica"] for r in replies}) == 2  # no replica takes more than its 2
+        assert {r.json()["usage"]["completion_tokens"] for r in replies} == {200}
+        replies = asyncio.run(go(8))  # past Serve's queue: 429 + Retry-After from Serve's proxy
+        statuses = sorted(r.status_code for r in replies)
+        assert statuses.count(200) >= 4 and 429 in statuses, statuses
+        assert all(int(r.headers["retry-after"]) >= 1 for r in replies if r.status_code == 429)
+        assert sorted(serve.status().applications["direct-two"].deployments) == ["LLMServer-tiny"]
+    finally:
+        serve.delete("direct-two")

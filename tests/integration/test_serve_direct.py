@@ -162,6 +162,14 @@ def test_ingress_choice_is_validated_and_named(tiny_model):
         build_openai_app({"llm_configs": cfgs, "ingress": "direct"})
     with pytest.raises(SpecError, match="not one of auto, direct, separate"):
         build_openai_app({"llm_configs": cfgs[:1], "ingress": "sideways"})
+    # the app's ingress deployment, as Serve (and the RayService builder) gets it
+    assert build_openai_app({"llm_configs": cfgs[:1]})._bound_deployment.name == "LLMServer-a"
+    assert build_openai_app({"llm_configs": cfgs[:1], "ingress": "separate"})._bound_deployment.name == "OpenAIIngress"
+    from fleetllm.cluster.serve_adapter import app_from_spec
+
+    one = {"name": "x", "models": [{"model_id": "a"}]}
+    assert app_from_spec({"spec": one})._bound_deployment.name == "LLMServer-a"
+    assert app_from_spec({"spec": {**one, "ingress": "separate"}})._bound_deployment.name == "OpenAIIngress"
 
 
 def test_direct_path_with_two_replicas_answers_from_both(apps, tiny_model):

@@ -1,10 +1,13 @@
 """`fleetllm serve` (engine vllm) against `vllm serve` under vLLM's own load generator, in one call; then
 prefix-affine routing against Ray Serve's default with two replicas on one GPU.
 
-    # leg 1: both servers up side by side (each --gpu-mem of the GPU), `vllm bench serve --backend
-    # openai-chat` (random 1,024 in / 256 out, --ignore-eos) at each concurrency, then request rates,
-    # rounds interleaved (the order of the two servers rotates per level and round)
+    # leg 1: `vllm serve` and one `fleetllm serve` per --fleet variant (default: the direct path and the
+    # separate-ingress path) up side by side (each --gpu-mem of the GPU, default 0.9 / servers), `vllm bench
+    # serve --backend openai-chat` (random 1,024 in / 256 out, --ignore-eos) at each concurrency, then request
+    # rates, rounds interleaved (the order of the servers rotates per level and round); --plan-only prints
+    # the servers' commands and the planned runs, and exits
     python benchmarks/serve_gpu.py compare --tokenizer-dir .gpu/m --budget-s 500 --out R.json
+    python benchmarks/serve_gpu.py compare ... --fleet direct,direct@2000,separate   # two budgets and a path
     # leg 2: two fleetllm replicas (each half the GPU), a multi-turn chat workload (benchmarks/serve_chat_load.py)
     # with routing power_of_two, then prefix_affinity (one app after the other)
     python benchmarks/serve_gpu.py routing --tokenizer-dir .gpu/m --budget-s 500 --out R2.json
@@ -37,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
+from serve_gpu_plan import STOP_RESERVE_S, fleet_variants, print_plan, prompts_for  # noqa: E402
 from serve_servers import Server, bench_env, fleetllm_serve, vllm_serve  # noqa: E402
 
-STOP_RESERVE_S = 25.0  # stopping the servers at the end
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "max_concurrent_requests")
 OPTIONAL = ("--num-warmups", "--ready-check-timeout-sec", "--percentile-metrics", "--metric-percentiles",
@@ -144,6 +147,9 @@ def compare(args) -> None:
     t_start = time.time()
     deadline = t_start + args.budget_s
     out = Path(args.out)
+    variants = fleet_variants(args.fleet, args.fleet_budget)
+    if args.gpu_mem is None:  # all servers up at once on one GPU
+        args.gpu_mem = int(0.9 / (1 + len(variants)) * 20) / 20
     models = make_models(args.tokenizer_dir, Path(args.models_dir).expanduser())
     model = models[args.shape]
     on_gpu = shutil.which("nvidia-smi") is not None
@@ -156,16 +162,22 @@ def compare(args) -> None:
     rates = [("rate", float(r)) for r in args.rates.split(",") if r]
     doc = {"mode": "compare", "shape": args.shape, "engine_kwargs": kwargs, "input_len": args.input_len,
            "output_len": args.output_len, "budget_s": args.budget_s, "fleet_stream_messages_per_s": args.fleet_budget,
-           "machine": machine(), "servers": {}, "runs": [], "skipped": [], "dropped_options": []}
+           "fleet": [{"server": n, "ingress": i, "stream_messages_per_s": b} for n, i, b in variants],
+           "gpu_mem": args.gpu_mem, "machine": machine() if not args.plan_only else {}, "servers": {}, "runs": [],
+           "skipped": [], "dropped_options": []}
     max_c = max([c for _, c in levels] + [1])
-    servers = [vllm_serve(model, args.port, kwargs, env, work / "vllm.log"),
-               fleetllm_serve(model, args.port + 1, kwargs, env, work, "fleetllm", gpus=1.0 if on_gpu else 0.0,
-                              max_ongoing=max_c, budget=args.fleet_budget)]
+    servers = [vllm_serve(model, args.port, kwargs, env, work / "vllm.log")]
+    servers += [fleetllm_serve(model, args.port + 1 + i, kwargs, env, work, name, gpus=1.0 if on_gpu else 0.0,
+                               max_ongoing=max_c, budget=budget, ingress=ingress)
+                for i, (name, ingress, budget) in enumerate(variants)]
+    plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
+    doc["planned_s"] = round(print_plan(servers, plan, args))
+    if args.plan_only:
+        return
     sampler = GpuSampler()
     try:
         up = start_all(servers, doc, deadline, out)
         durations: dict[tuple, float] = {}
-        plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
         for i, (rnd, (kind, value)) in enumerate(plan):
             order = up[i % len(up):] + up[:i % len(up)] if up else []
             for s in order:
@@ -191,7 +203,7 @@ def compare(args) -> None:
                        **res, **{k: v for k, v in sampler.window(t0, t1).items() if not k.endswith("_trace")}}
                 doc["runs"].append(run)
                 save(doc, out)
-                print(f"round {rnd + 1} {s.name:9s} {kind}={value:<6g} {run.get('output_throughput') or 0:9.1f} tok/s  "
+                print(f"round {rnd + 1} {s.name:18s} {kind}={value:<6g} {run.get('output_throughput') or 0:9.1f} tok/s  "
                       f"TTFT p50 {run.get('median_ttft_ms')} ms  ITL p50 {run.get('median_itl_ms')} ms  "
                       f"tok/chunk {run.get('tokens_per_chunk')}  GPU {run.get('gpu_busy')}  ({run['wall_s']} s)",
                       flush=True)
@@ -202,12 +214,6 @@ def compare(args) -> None:
         doc["wall_s"] = round(time.time() - t_start, 1)
         save(doc, out)
     print(f"wrote {out} ({doc['wall_s']} s)")
-
-
-def prompts_for(kind: str, value: float, args) -> int:
-    if kind == "rate":
-        return max(4, int(value * args.rate_seconds))
-    return max(args.min_prompts, int(value * args.waves))
 
 
 def routing(args) -> None:
@@ -284,7 +290,11 @@ def main() -> None:
         s.add_argument("--budget-s", type=float, default=500, help="stop starting runs past this (whole call)")
         s.add_argument("--port", type=int, default=8100)
         s.add_argument("--out", required=True)
-    c.add_argument("--gpu-mem", type=float, default=0.45, help="gpu_memory_utilization of each server (both are up)")
+    c.add_argument("--gpu-mem", type=float, default=None, help="gpu_memory_utilization of each server (all are up "
+                   "at once; default 0.9 / servers, rounded down to 0.05: 0.3 for vllm + two fleetllm)")
+    c.add_argument("--fleet", default="direct,separate", help="fleetllm servers, INGRESS[@MESSAGES_PER_S] each "
+                   "(INGRESS direct | separate | auto; the budget default: --fleet-budget, else fleetllm's own)")
+    c.add_argument("--plan-only", action="store_true", help="print the servers' commands and the planned runs; exit")
     c.add_argument("--input-len", type=int, default=1024)
     c.add_argument("--concurrency", default="1,32,256")
     c.add_argument("--rates", default="", help="request rates (req/s) after the rounds, e.g. 4,16")

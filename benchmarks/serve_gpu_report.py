@@ -4,8 +4,9 @@
         [--out benchmarks/results/serve_gpu.json]
 
 compare runs: per level (concurrency or request rate) the median over rounds of each server's output
-tokens/s, TTFT p50/p99, ITL p50/p99, TPOT p50, tokens per SSE chunk and GPU busy share, the ratios
-fleetllm / vllm, and the issue's checks (tok/s >= 0.97x at c=32 and 256; TTFT p50 <= 1.1x + 5 ms and
+tokens/s, TTFT p50/p99, ITL p50/p99, TPOT p50, tokens per SSE chunk and GPU busy share, side by side for
+every server of the call (`vllm`, then each fleetllm variant: fleetllm-direct, fleetllm-separate, ...),
+the ratios of each fleetllm server / vllm, and, per fleetllm server, the issue's checks (tok/s >= 0.97x at c=32 and 256; TTFT p50 <= 1.1x + 5 ms and
 ITL p50 <= 1.05x at c=1 and 32). routing runs: per policy, tok/s, TTFT, prefix cache hit rate per replica.
 """
 
@@ -26,19 +27,34 @@ def med(values):
     return round(statistics.median(values), 2) if values else None
 
 
+def server_names(docs: list[dict]) -> list[str]:
+    """The compare servers in the calls' order: vllm first, then each fleetllm variant."""
+    names: list[str] = []
+    for d in docs:
+        if d.get("mode") == "compare":
+            for name in list(d.get("servers", {})) + [r["server"] for r in d["runs"]]:
+                if name not in names:
+                    names.append(name)
+    return sorted(names, key=lambda n: n != "vllm")
+
+
 def compare_rows(docs: list[dict]) -> list[dict]:
     runs = [r for d in docs if d.get("mode") == "compare" for r in d["runs"] if "error" not in r]
     levels = sorted({("concurrency", r["concurrency"]) if "concurrency" in r else ("rate", r["rate"]) for r in runs},
                     key=lambda lv: (lv[0] != "concurrency", lv[1]))
+    names = server_names(docs)
     rows = []
     for kind, value in levels:
-        row: dict = {"level": f"c={value:g}" if kind == "concurrency" else f"{value:g} req/s", kind: value}
-        for server in ("vllm", "fleetllm"):
+        row: dict = {"level": f"c={value:g}" if kind == "concurrency" else f"{value:g} req/s", kind: value,
+                     "servers": names, "ratio": {}}
+        for server in names:
             mine = [r for r in runs if r["server"] == server and r.get(kind) == value]
             row[server] = {key: med([r.get(key) for r in mine]) for key, _ in METRICS}
             row[server]["rounds"] = len(mine)
-        v, f = row["vllm"], row["fleetllm"]
-        row["ratio"] = {k: round(f[k] / v[k], 3) if f.get(k) and v.get(k) else None for k, _ in METRICS}
+        v = row.get("vllm") or {}
+        for server in (n for n in names if n != "vllm"):
+            f = row[server]
+            row["ratio"][server] = {k: round(f[k] / v[k], 3) if f.get(k) and v.get(k) else None for k, _ in METRICS}
         rows.append(row)
     return rows
 
@@ -46,17 +62,19 @@ def compare_rows(docs: list[dict]) -> list[dict]:
 def checks(rows: list[dict]) -> list[str]:
     out = []
     for row in rows:
-        c, v, f = row.get("concurrency"), row["vllm"], row["fleetllm"]
-        if c in (32, 256) and v["output_throughput"] and f["output_throughput"]:
-            r = f["output_throughput"] / v["output_throughput"]
-            out.append(f"c={c}: tok/s {r:.3f}x (>= 0.97: {'yes' if r >= 0.97 else 'NO'})")
-        if c in (1, 32) and v["median_ttft_ms"] and f["median_ttft_ms"]:
-            ok = f["median_ttft_ms"] <= 1.1 * v["median_ttft_ms"] + 5
-            out.append(f"c={c}: TTFT p50 {f['median_ttft_ms']} vs {v['median_ttft_ms']} ms (<= 1.1x + 5: "
-                       f"{'yes' if ok else 'NO'})")
-        if c in (1, 32) and v["median_itl_ms"] and f["median_itl_ms"]:
-            r = f["median_itl_ms"] / v["median_itl_ms"]
-            out.append(f"c={c}: ITL p50 {r:.2f}x (<= 1.05: {'yes' if r <= 1.05 else 'NO'})")
+        c, v = row.get("concurrency"), row.get("vllm")
+        for server in (n for n in row.get("servers", ["fleetllm"]) if n != "vllm" and v):
+            f, who = row[server], f"{server}: " if len(row.get("servers", [])) > 2 else ""
+            if c in (32, 256) and v["output_throughput"] and f["output_throughput"]:
+                r = f["output_throughput"] / v["output_throughput"]
+                out.append(f"{who}c={c}: tok/s {r:.3f}x (>= 0.97: {'yes' if r >= 0.97 else 'NO'})")
+            if c in (1, 32) and v["median_ttft_ms"] and f["median_ttft_ms"]:
+                ok = f["median_ttft_ms"] <= 1.1 * v["median_ttft_ms"] + 5
+                out.append(f"{who}c={c}: TTFT p50 {f['median_ttft_ms']} vs {v['median_ttft_ms']} ms (<= 1.1x + 5: "
+                           f"{'yes' if ok else 'NO'})")
+            if c in (1, 32) and v["median_itl_ms"] and f["median_itl_ms"]:
+                r = f["median_itl_ms"] / v["median_itl_ms"]
+                out.append(f"{who}c={c}: ITL p50 {r:.2f}x (<= 1.05: {'yes' if r <= 1.05 else 'NO'})")
     return out
 
 
@@ -64,11 +82,12 @@ def table(rows: list[dict]) -> str:
     head = "| level | server | " + " | ".join(label for _, label in METRICS) + " | rounds |"
     lines = [head, "|" + "---|" * (len(METRICS) + 3)]
     for row in rows:
-        for server in ("vllm", "fleetllm"):
+        for server in row["servers"]:
             cells = [f"{row[server][k]:g}" if row[server][k] is not None else "-" for k, _ in METRICS]
             lines.append(f"| {row['level']} | {server} | " + " | ".join(cells) + f" | {row[server]['rounds']} |")
-        ratio = [f"{row['ratio'][k]:.2f}x" if row["ratio"][k] else "-" for k, _ in METRICS]
-        lines.append(f"| {row['level']} | fleetllm / vllm | " + " | ".join(ratio) + " | |")
+        for server, ratios in row["ratio"].items():
+            cells = [f"{ratios[k]:.2f}x" if ratios[k] else "-" for k, _ in METRICS]
+            lines.append(f"| {row['level']} | {server} / vllm | " + " | ".join(cells) + " | |")
     return "\n".join(lines)
 
 
@@ -100,10 +119,12 @@ def chart(rows: list[dict], png: Path, where: str) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     labels = [r["level"] for r in rows]
     x = range(len(rows))
+    names = rows[0]["servers"] if rows else []
+    width = 0.8 / max(1, len(names))
     for ax, (key, title) in zip(axes, panels):
-        for j, server in enumerate(("vllm", "fleetllm")):
-            ax.bar([i + (j - 0.5) * 0.4 for i in x], [r[server][key] or 0 for r in rows], 0.4,
-                   label="vllm serve" if server == "vllm" else "fleetllm serve")
+        for j, server in enumerate(names):
+            ax.bar([i + (j - (len(names) - 1) / 2) * width for i in x], [r[server][key] or 0 for r in rows], width,
+                   label="vllm serve" if server == "vllm" else server.replace("fleetllm", "fleetllm serve", 1))
         ax.set_xticks(list(x), labels, rotation=30)
         ax.set_title(title)
         if key != "output_throughput":

@@ -89,4 +89,5 @@ def app_from_spec(args: dict[str, Any]):
     if unknown or "spec" not in args:
         raise SpecError(f"app_from_spec takes args {{spec: <serve spec>}}; got keys {sorted(args)}")
     spec = parse_spec(ServeSpec, args["spec"], "serveConfigV2 args.spec")
-    return build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key()})
+    return build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key(),
+                             "ingress": spec.ingress})

@@ -1,4 +1,6 @@
-"""The Ray Serve application: one `LLMServer` deployment per model, one `OpenAIIngress` in front.
+"""The Ray Serve application. One model with the default routing: the direct path (direct.py), its
+deployment is the ingress. Otherwise (or `ingress: separate`): one `LLMServer` deployment per model, one
+`OpenAIIngress` in front:
 
     client --HTTP--> Serve proxy --> OpenAIIngress (FastAPI, api.py) --DeploymentHandle, streaming--> LLMServer
                                                                                    (one deployment per model:
@@ -11,12 +13,14 @@ queueing and request routing are Ray Serve's.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator
 
 from fleetllm.serve.spec import LLMConfig
 
 RETRY_AFTER_S = 1.0
 STATS_TIMEOUT_S = 5.0
+log = logging.getLogger("fleetllm.serve")
 
 
 def _deployments():
@@ -147,7 +151,9 @@ def build_openai_app(builder_config: dict[str, Any]):
     """Build the Ray Serve application serving `llm_configs` behind an OpenAI-compatible API.
 
     Args:
-        builder_config: {"llm_configs": [LLMConfig | dict, ...], "api_key": str | None}.
+        builder_config: {"llm_configs": [LLMConfig | dict, ...], "api_key": str | None,
+            "ingress": "auto" | "direct" | "separate" (default auto: direct for one model with the default
+            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front)}.
 
     Returns:
         A bound Ray Serve application; start it with `ray.serve.run(app)`.
@@ -161,10 +167,12 @@ def build_openai_app(builder_config: dict[str, Any]):
     from ray.serve.config import BackpressureConfig
 
     from fleetllm.errors import SpecError
+    from fleetllm.serve.spec import choose_ingress
 
-    unknown = sorted(set(builder_config) - {"llm_configs", "api_key"})
+    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
     if unknown:
-        raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key)")
+        raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
+                        "ingress)")
     configs = [c if isinstance(c, LLMConfig) else LLMConfig.model_validate(c)
                for c in builder_config.get("llm_configs") or []]
     if not configs:
@@ -172,14 +180,29 @@ def build_openai_app(builder_config: dict[str, Any]):
     ids = [c.model_id for c in configs]
     if len(set(ids)) != len(ids):
         raise SpecError(f"model ids {ids} repeat; give each LLMConfig its own model_id")
+    ingress = builder_config.get("ingress") or "auto"
+    if ingress not in ("auto", "direct", "separate"):
+        raise SpecError(f"build_openai_app: ingress {ingress!r} is not one of auto, direct, separate")
+    try:
+        path, why = choose_ingress(ingress, configs)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    log.info("fleetllm serve: %s ingress (%s)", path, why)
+    if path == "direct":
+        from fleetllm.serve.direct import direct_deployment, direct_options
+
+        cfg = configs[0]
+        return direct_deployment().options(
+            name=deployment_name(cfg.model_id),
+            backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
+            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S)
     LLMServer, OpenAIIngress = _deployments()
     handles, capacity = {}, 0
     for cfg in configs:
         opts = cfg.deployment_options()
         replicas = opts.get("autoscaling_config", {}).get("max_replicas") or opts.get("num_replicas") or 1
         capacity += (opts["max_ongoing_requests"] * replicas) + opts["max_queued_requests"]
-        # deployment names are unique per app; model ids may hold characters Serve dislikes
-        name = "LLMServer-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in cfg.model_id)
+        name = deployment_name(cfg.model_id)
         if cfg.routing == "prefix_affinity":
             from fleetllm.serve.routing import router_config
 
@@ -188,7 +211,12 @@ def build_openai_app(builder_config: dict[str, Any]):
             name=name, backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
             **opts).bind(cfg.model_dump())
     # the ingress admits what the models can hold (plus room for errors and /metrics), bounded: past it 503
-    ingress = OpenAIIngress.options(
+    front = OpenAIIngress.options(
         max_ongoing_requests=capacity + 16, max_queued_requests=capacity + 16,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
-    return ingress.bind(handles, builder_config.get("api_key"))
+    return front.bind(handles, builder_config.get("api_key"))
+
+
+def deployment_name(model_id: str) -> str:
+    """A model's deployment name: unique per app; model ids may hold characters Serve dislikes."""
+    return "LLMServer-" + "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model_id)

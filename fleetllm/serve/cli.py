@@ -18,7 +18,7 @@ def _serve(args) -> int:
     import signal
     import threading
 
-    from fleetllm.serve.run import plan_lines, run_serve, stop_serve
+    from fleetllm.serve.run import ingress_line, plan_lines, run_serve, stop_serve
     from fleetllm.serve.spec import load_serve_spec
 
     spec = load_serve_spec(args.spec)
@@ -31,7 +31,8 @@ def _serve(args) -> int:
         url = run_serve(spec, host, port)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
             signal.signal(sig, lambda *_: stop.set())
-        print(f"serving {', '.join(m.model_id for m in spec.models)} at {url}  (Ctrl-C to stop)", flush=True)
+        print(f"serving {', '.join(m.model_id for m in spec.models)} at {url}  (Ctrl-C to stop)\n"
+              f"{ingress_line(spec)}", flush=True)
         while not stop.wait(1.0):
             pass
     finally:

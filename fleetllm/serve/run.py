@@ -7,7 +7,15 @@ import socket
 from typing import Any
 
 from fleetllm.errors import PlanError
-from fleetllm.serve.spec import ServeSpec
+from fleetllm.serve.spec import ServeSpec, choose_ingress
+
+
+def ingress_line(spec: ServeSpec) -> str:
+    """Which path the app takes, and why (the plan and the start-up line say it)."""
+    path, why = choose_ingress(spec.ingress, spec.models)
+    where = ("the model replicas answer HTTP (Serve proxy -> replica)" if path == "direct"
+             else "an OpenAIIngress deployment routes to the model replicas (Serve proxy -> ingress -> replica)")
+    return f"ingress: {path}: {where}; {why}"
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -35,6 +43,7 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
                      + (", prefix-affine routing" if m.routing == "prefix_affinity" else ""))
         if m.engine_kwargs:
             lines.append(f"    engine_kwargs: {m.engine_kwargs}")
+    lines.append(ingress_line(spec))
     lines.append(f"environment: {spec.environment.describe()}")
     return lines
 
@@ -55,7 +64,8 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
         address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
     serve.start(http_options={"host": host, "port": port})
-    app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key()})
+    app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key(),
+                            "ingress": spec.ingress})
     serve.run(app, name=spec.name, route_prefix="/", blocking=False)
     return f"http://{host}:{port}/v1"
 

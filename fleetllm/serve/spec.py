@@ -4,6 +4,7 @@
     host: 127.0.0.1
     port: 8000
     api_key: null                  # or a string; also $FLEETLLM_API_KEY
+    ingress: auto                  # direct (the model replica serves HTTP) | separate (OpenAIIngress) | auto
     models:
       - model_id: smollm2
         source: smollm2-135m-instruct
@@ -60,8 +61,8 @@ class ServedEngineSpec(StrictModel):
     stream_messages_per_s: float | None = Field(
         None, gt=0, description="Most streaming messages a replica sends per second, all its streams together: "
         "each stream gets one message per streams / this seconds (every delta at once while that is shorter than "
-        "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model), "
-        "2,000 on a GPU replica (what the proxy and ingress carry beside the engine).",
+        "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model); on a "
+        "GPU replica 6,000 on the direct path (what the HTTP proxy carries) and 2,000 behind the separate ingress.",
     )
     routing: Literal["power_of_two", "prefix_affinity"] = Field(
         "power_of_two", description="How requests pick a replica: power_of_two (Ray Serve's default: the less "
@@ -97,11 +98,43 @@ class ServeModelSpec(ServedEngineSpec):
         )
 
 
+IngressMode = Literal["auto", "direct", "separate"]
+
+
+def choose_ingress(ingress: str, models: list[Any]) -> tuple[str, str]:
+    """The path an app takes: ("direct" | "separate", why). `models` are ServeModelSpecs or LLMConfigs.
+
+    direct: the one model's deployment is the Serve ingress (its replicas answer HTTP themselves); separate:
+    an OpenAIIngress deployment in front routes by `model` over DeploymentHandles. auto = direct where it
+    applies: one model with the default routing. Raises ValueError for direct where it cannot apply."""
+    blockers = []
+    if len(models) > 1:
+        blockers.append(f"the app serves {len(models)} models ({', '.join(m.model_id for m in models)}) and the "
+                        "separate ingress routes by `model`")
+    affine = [m.model_id for m in models if m.routing == "prefix_affinity"]
+    if affine:
+        blockers.append(f"model {', '.join(affine)} uses routing: prefix_affinity, which routes on the request body "
+                        "in the separate ingress")
+    if ingress == "direct" and blockers:
+        raise ValueError("ingress: direct cannot serve this app: " + "; ".join(blockers)
+                         + "; use ingress: auto or separate")
+    if ingress != "auto":
+        return ingress, f"as `ingress: {ingress}` asks"
+    if blockers:
+        return "separate", "auto: " + "; ".join(blockers)
+    return "direct", "auto: one model with the default routing"
+
+
 class ServeSpec(StrictModel):
     name: str = Field("fleetllm", min_length=1, description="Ray Serve application name.")
     host: str = Field("127.0.0.1", description="Address the HTTP server listens on (0.0.0.0 for all).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port; the API is under /v1.")
     api_key: str | None = Field(None, description="Bearer token clients must send; default: $FLEETLLM_API_KEY.")
+    ingress: IngressMode = Field(
+        "auto", description="Which deployment answers HTTP: direct (the model's own replicas: one Ray hop and no "
+        "ingress process per streamed message; one model with the default routing only), separate (an "
+        "OpenAIIngress deployment in front, routing by `model`; needed for several models or prefix_affinity), "
+        "or auto: direct where it applies, else separate.")
     models: list[ServeModelSpec] = Field(..., min_length=1, description="The models served, routed by `model`.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
@@ -113,6 +146,7 @@ class ServeSpec(StrictModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"models: model_id {dup} appears more than once; give each model its own id")
+        choose_ingress(self.ingress, self.models)
         return self
 
     def effective_api_key(self) -> str | None:
@@ -139,6 +173,11 @@ CPU_STREAM_MESSAGES_PER_S = 40.0
 # and the ingress (one Python process each, ~0.3-0.5 ms a message on a server core): 2,000 a second keeps
 # the ingress below one core, per token up to ~10 streams at 5 ms steps (benchmarks/NOTES-serve.md).
 GPU_STREAM_MESSAGES_PER_S = 2000.0
+# A GPU replica's on the direct path (the replica is the ingress): no ingress process and one Ray hop less;
+# what remains per message is the replica's SSE chunk and the HTTP proxy (~0.15 ms a message on a server
+# core, and Serve merges a request's queued ASGI messages when the proxy lags): 6,000 a second keeps one
+# message per token up to ~36 streams at 6 ms steps (benchmarks/NOTES-serve.md, change 8).
+GPU_DIRECT_STREAM_MESSAGES_PER_S = 6000.0
 
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",
                    "ray_actor_options", "health_check_period_s", "health_check_timeout_s",
@@ -182,12 +221,15 @@ class LLMConfig(ServedEngineSpec):
         gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or sizing.local_gpu_count()
         return sizing.choose_engine(self.engine, gpus=float(gpus))[0]
 
-    def stream_budget(self) -> float:
-        """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default)."""
+    def stream_budget(self, direct: bool = False) -> float:
+        """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default;
+        `direct`: the replica is the HTTP ingress)."""
         if self.stream_messages_per_s is not None:
             return self.stream_messages_per_s
         gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or 0
-        return GPU_STREAM_MESSAGES_PER_S if gpus > 0 else CPU_STREAM_MESSAGES_PER_S
+        if gpus <= 0:
+            return CPU_STREAM_MESSAGES_PER_S
+        return GPU_DIRECT_STREAM_MESSAGES_PER_S if direct else GPU_STREAM_MESSAGES_PER_S
 
     def deployment_options(self) -> dict[str, Any]:
         """Options for `Deployment.options(...)`, with fleetllm's defaults filled in."""

@@ -68,6 +68,9 @@ def test_stream_budget_defaults_to_a_cpu_and_a_gpu_limit():
     assert budget() == 40.0
     assert budget(gpus_per_replica=1) == 2000.0
     assert budget(gpus_per_replica=1, stream_messages_per_s=500) == 500
+    cfg = ServeSpec.model_validate({"models": [{"model_id": "m", "gpus_per_replica": 1}]}).llm_configs()[0]
+    assert cfg.stream_budget(direct=True) == 6000.0  # the replica is the HTTP ingress: no ingress process
+    assert LLMConfig(model_loading_config=dict(model_id="x"), stream_messages_per_s=500).stream_budget(True) == 500
     with pytest.raises(ValidationError, match="stream_messages_per_s"):
         LLMConfig(model_loading_config=dict(model_id="x"), stream_messages_per_s=0)
 
@@ -76,6 +79,7 @@ def test_dry_run_prints_the_plan(capsys):
     assert main(["serve", str(ROOT / "examples" / "serve.yaml"), "--dry-run", "--port", "9000"]) == 0
     out = capsys.readouterr().out
     assert "http://127.0.0.1:9000/v1" in out and "model 'smollm2'" in out and "32 ongoing + 64 queued" in out
+    assert "ingress: separate: an OpenAIIngress deployment routes" in out and "serves 2 models" in out  # 2 models
 
 
 def test_request_models_check_types_and_ranges():

@@ -1,0 +1,61 @@
+"""The plan of `benchmarks/serve_gpu.py compare`: its fleetllm servers (--fleet), the prompts per run, and
+the planned runs with a wall-time guess (printed before anything starts; --plan-only stops there)."""
+
+from __future__ import annotations
+
+STOP_RESERVE_S = 25.0  # stopping the servers at the end
+
+
+def fleet_variants(text: str, default_budget: float | None) -> list[tuple[str, str, float | None]]:
+    """`direct,separate@2000` -> [(server name, ingress, stream_messages_per_s)]: a fleetllm server each."""
+    out: list[tuple[str, str, float | None]] = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        ingress, _, budget = item.partition("@")
+        try:
+            value = float(budget) if budget else default_budget
+        except ValueError:
+            value = -1.0
+        if ingress not in ("auto", "direct", "separate") or (value is not None and value <= 0):
+            raise SystemExit(f"--fleet: {item!r} is not INGRESS[@MESSAGES_PER_S] with INGRESS direct, separate or "
+                             "auto and a budget > 0, e.g. direct,separate@2000")
+        name = f"fleetllm-{ingress}" + (f"-{value:g}" if budget else "")
+        if name in [n for n, _, _ in out]:
+            raise SystemExit(f"--fleet: {item!r} is given twice")
+        out.append((name, ingress, value))
+    if not out:
+        raise SystemExit("--fleet: give at least one variant, e.g. direct,separate")
+    return out
+
+
+def run_guess_s(kind: str, value: float, args) -> float:
+    """A planned run's wall time on the H200 (8B shape): warm-ups, waves of output_len steps, the bench's start."""
+    if kind == "rate":
+        return 8 + args.rate_seconds + args.output_len * 0.02
+    step = 0.005 if value <= 32 else 0.03
+    waves = prompts_for(kind, value, args) / value
+    return 8 + (waves + args.warmups / value) * (0.05 + args.output_len * step)
+
+
+def print_plan(servers: list, plan: list, args) -> float:
+    """The servers' commands and the planned runs, with a wall-time guess (seconds)."""
+    print(f"servers ({len(servers)}, gpu_memory_utilization {args.gpu_mem:g} each):")
+    for s in servers:
+        print(f"  {s.name}: {' '.join(s.cmd)}")
+    starts = sum(110 if s.name == "vllm" else 75 for s in servers)
+    runs = 0.0
+    for i, (rnd, (kind, value)) in enumerate(plan):
+        guess = run_guess_s(kind, value, args)
+        runs += guess * len(servers)
+        order = servers[i % len(servers):] + servers[:i % len(servers)]
+        print(f"  run {i + 1}: round {rnd + 1} {kind}={value:g} ({prompts_for(kind, value, args)} prompts): "
+              f"{', '.join(s.name for s in order)} (~{guess:.0f} s each)")
+    total = starts + runs + STOP_RESERVE_S
+    print(f"planned: {len(plan) * len(servers)} runs; guess ~{starts} s of starts + ~{runs:.0f} s of runs + "
+          f"{STOP_RESERVE_S:.0f} s to stop = ~{total / 60:.1f} min (budget {args.budget_s:g} s)", flush=True)
+    return total
+
+
+def prompts_for(kind: str, value: float, args) -> int:
+    if kind == "rate":
+        return max(4, int(value * args.rate_seconds))
+    return max(args.min_prompts, int(value * args.waves))

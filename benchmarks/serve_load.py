@@ -112,6 +112,8 @@ def main() -> int:
     ap.add_argument("--stream-messages-per-s", type=float, default=None,
                     help="the replica's streaming message budget (default: the spec's CPU default)")
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs (torch threads) for the engine")
+    ap.add_argument("--ingress", default="auto", choices=["auto", "direct", "separate"],
+                    help="the served app's path (auto: direct for this one model)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve_load.json"))
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -128,7 +130,7 @@ def main() -> int:
     import ray
 
     def make_spec():
-        return ServeSpec.model_validate({"name": "bench", "port": free_port(), "models": [{
+        return ServeSpec.model_validate({"name": "bench", "port": free_port(), "ingress": args.ingress, "models": [{
             "model_id": "bench", "source": path, "engine": "transformers",
             "engine_kwargs": {"num_threads": args.cpus, "max_batch_size": max(levels)},
             "max_ongoing_requests": max(levels), "max_queued_requests": max(levels),

@@ -52,6 +52,11 @@ class JobPlan:
         return self.grouping is not None and self.grouping.on
 
     @property
+    def lanes_by_prefix(self) -> bool:
+        """Grouped on several replicas: each grouped file's shards run on one replica (fleetllm.batch.stream)."""
+        return self.grouped and self.replicas > 1
+
+    @property
     def read_format(self) -> str:
         """The format the shards are read as: grouped shards are JSON lines (fleetllm.batch.prefix)."""
         return "jsonl" if self.grouped else self.spec.input.format
@@ -100,7 +105,7 @@ class JobPlan:
             f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
             *([f"grouping   {self.grouping.reason}"] if self.grouping is not None else []),
             *(["           rows of one prefix bucket on one replica (one lane per replica)"]
-              if self.grouped and self.replicas > 1 else []),
+              if self.lanes_by_prefix else []),
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
             f"output     {s.output.path} ({s.output.format})",
             *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),

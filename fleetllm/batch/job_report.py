@@ -70,6 +70,5 @@ def prefix_cache(plan: JobPlan, entries) -> dict[str, Any]:
         "prefix_cache_hit_rate": round(cached / prompt_said, 4) if said and prompt_said else None,
         "prefix_grouping": None if grouping is None else {
             "mode": grouping.mode, "on": grouping.on, "key_chars": grouping.key_chars, "why": grouping.reason,
-            # grouped on several replicas: each grouped file's shards on one replica (fleetllm.batch.stream)
-            "replica_affinity": bool(plan.grouped and plan.replicas > 1)},
+            "replica_affinity": plan.lanes_by_prefix},
     }

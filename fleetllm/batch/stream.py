@@ -62,7 +62,7 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
     one, fed only its lane's shards; fleetllm.batch.prefix.replica_lanes), the lanes' outputs unioned, so
     the rows of one prefix meet one replica's prefix cache. Otherwise one pool of all the replicas."""
     pool = engine_pool(plan)
-    if plan.grouped and pool.replica_plan.replicas > 1:
+    if plan.lanes_by_prefix:
         from fleetllm.batch.prefix import replica_lanes
 
         lanes = replica_lanes(plan.pending, pool.replica_plan.replicas)

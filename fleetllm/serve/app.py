@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, get_args
 
 from fleetllm.serve.spec import LLMConfig
 
@@ -167,7 +167,7 @@ def build_openai_app(builder_config: dict[str, Any]):
     from ray.serve.config import BackpressureConfig
 
     from fleetllm.errors import SpecError
-    from fleetllm.serve.spec import choose_ingress
+    from fleetllm.serve.spec import IngressMode, choose_ingress
 
     unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
     if unknown:
@@ -181,8 +181,8 @@ def build_openai_app(builder_config: dict[str, Any]):
     if len(set(ids)) != len(ids):
         raise SpecError(f"model ids {ids} repeat; give each LLMConfig its own model_id")
     ingress = builder_config.get("ingress") or "auto"
-    if ingress not in ("auto", "direct", "separate"):
-        raise SpecError(f"build_openai_app: ingress {ingress!r} is not one of auto, direct, separate")
+    if ingress not in get_args(IngressMode):
+        raise SpecError(f"build_openai_app: ingress {ingress!r} is not one of {', '.join(get_args(IngressMode))}")
     try:
         path, why = choose_ingress(ingress, configs)
     except ValueError as exc:

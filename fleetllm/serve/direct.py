@@ -64,7 +64,7 @@ class DirectBackend(LocalBackend):
 def replica_limits(cfg: LLMConfig) -> tuple[int, int]:
     """(max_ongoing, max_queued) one replica admits itself: serve.yaml's for one fixed replica; (max_ongoing,
     0) where Serve's router queues (several replicas, autoscaling)."""
-    opts = {"max_ongoing_requests": 32, "max_queued_requests": 64, **cfg.deployment_config}
+    opts = cfg.replica_options()
     return int(opts["max_ongoing_requests"]), int(opts["max_queued_requests"]) if queues_itself(cfg) else 0
 
 

@@ -231,9 +231,13 @@ class LLMConfig(ServedEngineSpec):
             return CPU_STREAM_MESSAGES_PER_S
         return GPU_DIRECT_STREAM_MESSAGES_PER_S if direct else GPU_STREAM_MESSAGES_PER_S
 
+    def replica_options(self) -> dict[str, Any]:
+        """The deployment config with fleetllm's defaults filled in, per replica as serve.yaml counts them."""
+        return {"max_ongoing_requests": 32, "max_queued_requests": 64, **self.deployment_config}
+
     def deployment_options(self) -> dict[str, Any]:
         """Options for `Deployment.options(...)`, with fleetllm's defaults filled in."""
-        opts = {"max_ongoing_requests": 32, "max_queued_requests": 64, **self.deployment_config}
+        opts = self.replica_options()
         replicas = opts.get("autoscaling_config", {}).get("max_replicas") or opts.get("num_replicas") or 1
         # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
         opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)

@@ -16,6 +16,7 @@ import pytest
 from fleetllm.errors import SpecError
 from fleetllm.serve.spec import ServeSpec
 from fleetllm.testing.serve_process import free_port
+from test_serve_ray import check_disconnect_stops_generation
 
 KEY = "sk-direct"
 HDR = {"Authorization": f"Bearer {KEY}"}
@@ -122,26 +123,7 @@ def test_direct_replica_full_gives_429_with_retry_after_while_health_answers(app
 
 def test_direct_client_disconnect_stops_generation_in_the_engine(apps):
     base = apps["direct"]
-
-    def counters():
-        text = httpx.get(f"{base}/metrics").text
-        get = lambda name: float((re.search(rf'^{name}{{model="tiny"}} (\S+)$', text, re.M) or [0, 0])[1])  # noqa: E731
-        return get("fleetllm_engine_generated_tokens"), get("fleetllm_engine_cancelled_requests")
-
-    tokens0, cancelled0 = counters()
-    body = {"model": "tiny", "prompt": "go", "max_tokens": 500, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, headers=HDR, timeout=60) as resp:
-        assert resp.status_code == 200
-        for i, _ in enumerate(resp.iter_lines()):
-            if i >= 3:
-                break
-    deadline = time.monotonic() + 60
-    while counters()[1] < cancelled0 + 1:
-        assert time.monotonic() < deadline, "the engine never saw the request cancelled"
-        time.sleep(0.2)
-    tokens1, _ = counters()
-    time.sleep(1.0)
-    assert counters()[0] == tokens1 and 0 < tokens1 - tokens0 < 500
+    check_disconnect_stops_generation(base, HDR, 500)
     metrics = httpx.get(f"{base}/metrics").text
     assert re.search(r'^fleetllm_requests_in_flight\{model="tiny"\} 0\.0$', metrics, re.M)  # the API let it go
 

@@ -124,8 +124,12 @@ def test_overload_gets_429_with_retry_after_while_admitted_requests_complete(ser
 
 
 def test_client_disconnect_stops_generation_in_the_engine(server):
-    base = server.removesuffix("/v1")
-    hdr = {"Authorization": f"Bearer {KEY}"}
+    check_disconnect_stops_generation(server.removesuffix("/v1"), {"Authorization": f"Bearer {KEY}"}, 3500)
+
+
+def check_disconnect_stops_generation(base: str, hdr: dict, max_tokens: int) -> None:
+    """A streaming client that goes away after a few chunks: the engine counts the request cancelled and
+    generates nothing more, well before max_tokens (shared by the separate and the direct path's tests)."""
 
     def engine_counters():
         text = httpx.get(f"{base}/metrics").text
@@ -133,8 +137,8 @@ def test_client_disconnect_stops_generation_in_the_engine(server):
                 metric(text, "fleetllm_engine_cancelled_requests", "tiny"))
 
     tokens0, cancelled0 = engine_counters()
-    body = {"model": "tiny", "prompt": "go", "max_tokens": 3500, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{server}/completions", json=body, headers=hdr, timeout=60) as resp:
+    body = {"model": "tiny", "prompt": "go", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, headers=hdr, timeout=60) as resp:
         assert resp.status_code == 200
         for i, _ in enumerate(resp.iter_lines()):
             if i >= 3:
@@ -147,4 +151,4 @@ def test_client_disconnect_stops_generation_in_the_engine(server):
     time.sleep(1.0)
     tokens2, _ = engine_counters()
     assert tokens2 == tokens1  # nothing is generating any more
-    assert 0 < tokens1 - tokens0 < 3500  # the dropped request stopped well before its max_tokens
+    assert 0 < tokens1 - tokens0 < max_tokens  # the dropped request stopped well before its max_tokens

@@ -71,6 +71,18 @@ class EngineStarter:
         except BaseException as exc:  # re-raised in the driver by stage()
             self._error = exc
 
+    def wait_core_started(self, poll_s: float = 0.02) -> None:
+        """Block until the engine has started a child process (vLLM's engine core) or its start has
+        ended. Until then the engine thread runs Python (vLLM's imports, its config, its tokenizer), and
+        shard threads reading and tokenizing beside it would take the GIL from it; after the fork that
+        thread waits on the core (the model loads, compiles and captures there), so the shards are
+        prepared in time that costs the engine nothing. By then vLLM has imported transformers and loaded
+        its tokenizer, so loading fleetllm's races no lazy import (NOTES.md, change 9)."""
+        import multiprocessing
+
+        while self._thread.is_alive() and not multiprocessing.active_children():
+            time.sleep(poll_s)
+
     def stage(self):
         self._thread.join()
         if self._error is not None:
@@ -97,19 +109,30 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     if plan.engine == "vllm":  # a plain process may fork vLLM's engine core (no second import of vLLM)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     tokenize = pool.tokenize_stage_kwargs()
-    if tokenize is not None:
-        # Load the tokenizer here, before any thread starts: transformers' lazy imports are not
-        # thread-safe, and the engine thread imports vLLM (and so transformers) while the shard threads
-        # would load the tokenizer (seen on the H200: "cannot import name 'AutoTokenizer'" in 3 of 4 runs).
-        from fleetllm.batch.tokenize_stage import load_tokenizer
-
-        load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0, "engine_start": time.time()}
     starter = EngineStarter(pool.stage_class(), pool.stage_kwargs())
     declared = plan.read_format
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
+    prepare = threading.Lock()
+    prepared = threading.Event()
+
+    def wait_for_engine_core() -> None:
+        """The shard threads start preparing once vLLM's core runs (EngineStarter.wait_core_started); the
+        first loads the tokenizer: transformers' lazy imports are not thread-safe, so nothing here may
+        import it while the engine thread does (seen on the H200 before: "cannot import name
+        'AutoTokenizer'" in 3 of 4 runs when both threads imported it at once)."""
+        if prepared.is_set() or plan.engine != "vllm":  # only vLLM's start runs Python for long before a fork
+            return
+        with prepare:
+            starter.wait_core_started()
+            if tokenize is not None:
+                from fleetllm.batch.tokenize_stage import load_tokenizer
+
+                load_tokenizer(**tokenize["fn_kwargs"]["tokenizer"])
+            prepared.set()
 
     def shard_table(shard) -> Any:
+        wait_for_engine_core()
         rows = [preprocessor(r) for r in read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
         table = pa.Table.from_pylist(rows)
         if tokenize is not None:

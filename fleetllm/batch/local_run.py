@@ -22,6 +22,7 @@ and the plan has one replica; FLEETLLM_USE_RAY=1 forces Ray.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import socket
 import sys
@@ -61,6 +62,7 @@ class EngineStarter:
         self._stage_class = stage_class
         self._stage: Any = None
         self._error: BaseException | None = None
+        self._children_before = {p.pid for p in multiprocessing.active_children()}  # a caller's own children
         self._thread = threading.Thread(target=self._start, args=(kwargs,), name="fleetllm-engine-start",
                                         daemon=True)
         self._thread.start()
@@ -72,16 +74,18 @@ class EngineStarter:
             self._error = exc
 
     def wait_core_started(self, poll_s: float = 0.02) -> None:
-        """Block until the engine has started a child process (vLLM's engine core) or its start has
-        ended. Until then the engine thread runs Python (vLLM's imports, its config, its tokenizer), and
-        shard threads reading and tokenizing beside it would take the GIL from it; after the fork that
-        thread waits on the core (the model loads, compiles and captures there), so the shards are
-        prepared in time that costs the engine nothing. By then vLLM has imported transformers and loaded
-        its tokenizer, so loading fleetllm's races no lazy import (NOTES.md, change 9)."""
-        import multiprocessing
-
-        while self._thread.is_alive() and not multiprocessing.active_children():
+        """Block until the engine has started a child process (vLLM's engine core; children the process
+        had before do not count) or its start has ended. Until then the engine thread runs Python (vLLM's
+        imports, its config, its tokenizer), and shard threads reading and tokenizing beside it would take
+        the GIL from it; after the fork that thread waits on the core (the model loads, compiles and
+        captures there), so the shards are prepared in time that costs the engine nothing. By then vLLM
+        has imported transformers and loaded its tokenizer, so loading fleetllm's races no lazy import
+        (NOTES.md, change 9)."""
+        while self._thread.is_alive() and not self._new_children():
             time.sleep(poll_s)
+
+    def _new_children(self) -> set[int]:
+        return {p.pid for p in multiprocessing.active_children()} - self._children_before
 
     def stage(self):
         self._thread.join()
@@ -124,6 +128,8 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
         if prepared.is_set() or plan.engine != "vllm":  # only vLLM's start runs Python for long before a fork
             return
         with prepare:
+            if prepared.is_set():
+                return
             starter.wait_core_started()
             if tokenize is not None:
                 from fleetllm.batch.tokenize_stage import load_tokenizer

@@ -63,3 +63,20 @@ def test_wait_returns_when_the_start_fails_without_a_child() -> None:
     starter.wait_core_started()  # returns: the thread ended
     with pytest.raises(RuntimeError, match="no GPU here"):
         starter.stage()
+
+
+def test_a_child_the_caller_already_had_does_not_count() -> None:
+    stop = multiprocessing.get_context("fork").Event()
+    mine = multiprocessing.get_context("fork").Process(target=_core, args=(stop,), daemon=True)
+    mine.start()
+    release = threading.Event()
+    try:
+        ForksThenWaits.forked_at = None
+        starter = EngineStarter(ForksThenWaits, {"release": release})
+        starter.wait_core_started()
+        assert ForksThenWaits.forked_at is not None, "the caller's own child was taken for the engine core"
+    finally:
+        release.set()
+        stop.set()
+        mine.join(10)
+    starter.stage()

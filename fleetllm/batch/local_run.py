@@ -125,7 +125,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
         first loads the tokenizer: transformers' lazy imports are not thread-safe, so nothing here may
         import it while the engine thread does (seen on the H200 before: "cannot import name
         'AutoTokenizer'" in 3 of 4 runs when both threads imported it at once)."""
-        if prepared.is_set() or plan.engine != "vllm":  # only vLLM's start runs Python for long before a fork
+        if prepared.is_set() or (plan.engine != "vllm" and tokenize is None):  # nothing to wait for
             return
         with prepare:
             if prepared.is_set():

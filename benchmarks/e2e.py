@@ -11,6 +11,7 @@ round and the median.
     python benchmarks/e2e.py gpu --tokenizer-dir DIR --workload a1024 --rounds 2 --budget-s 520 --out R.json
     # GPU throughput: fleetllm's defaults vs bare vllm.LLM at vLLM's defaults and at fleetllm's settings
     python benchmarks/e2e.py throughput --tokenizer-dir DIR --workload a1024 --rounds 2 --budget-s 520 --out R.json
+    #   --busy-cores N (gpu, throughput): N host cores kept busy by spin loops through every leg (a shared node)
     python benchmarks/e2e.py report R1.json [R2.json ...]      # table of all rounds, medians, JSON
 
 The GPU run (three calls of < 9 minutes, with the exact commands): benchmarks/NOTES.md, "The GPU run for issue 18".
@@ -25,6 +26,7 @@ The legs' commands, as a user types them (M a model folder, rows.jsonl / batch.j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -329,9 +331,23 @@ def gpu_mode(args, throughput: bool = False) -> None:
                                                     json.dumps(same)], None)}
             pairs = {"fleetllm": "bare_defaults", "fleetllm/same": "bare_same_settings"}
         meta = {"mode": "throughput" if throughput else "gpu", "shape": args.shape, "workload": args.workload,
-                "rows": len(rows), "engine_kwargs": vk, "pairs": pairs}
-        doc = run_rounds(legs, args.rounds, args.budget_s, args.leg_timeout_s, env, Path(args.out), meta)
+                "rows": len(rows), "engine_kwargs": vk, "pairs": pairs, "busy_cores": args.busy_cores}
+        with busy_host(args.busy_cores):
+            doc = run_rounds(legs, args.rounds, args.budget_s, args.leg_timeout_s, env, Path(args.out), meta)
     print(table(doc))
+
+
+@contextlib.contextmanager
+def busy_host(cores: int):
+    """N processes spinning in pure Python for the duration (a node whose CPUs are shared with other work,
+    such as a data pipeline's readers and tokenizers): what an eager decode step's kernel launches compete with."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        yield
+    finally:
+        for proc in spin:
+            proc.kill()
+            proc.wait()
 
 
 def fleetllm_vllm_settings(rows_in_flight: int) -> dict:
@@ -403,12 +419,14 @@ def report(paths: list[str], out: Path) -> None:
     for d in docs:
         print(table(d) + "\n")
         for k, v in ratios(d).items():
-            pooled.setdefault(f"{d.get('shape') or d.get('model')} {d.get('workload') or d.get('rows')}: {k}", []).extend(v)
+            busy = f" busy {d['busy_cores']} cores" if d.get("busy_cores") else ""
+            pooled.setdefault(f"{d.get('shape') or d.get('model')} {d.get('workload') or d.get('rows')}{busy}: {k}",
+                              []).extend(v)
     print("pooled over the files (median of all rounds):")
     for k, v in pooled.items():
         print(f"  {k:60s} n={len(v)}  " + " ".join(f"{x:.3f}" for x in v) + f"   median {statistics.median(v):.3f}")
     summary = {"inputs": paths, "pooled": {k: {"rounds": v, "median": statistics.median(v)} for k, v in pooled.items()},
-               "tables": [{**{k: d.get(k) for k in ("mode", "shape", "workload", "rows", "model")},
+               "tables": [{**{k: d.get(k) for k in ("mode", "shape", "workload", "rows", "model", "busy_cores")},
                            "ratios": {k: {"rounds": v, "median": statistics.median(v)}
                                       for k, v in ratios(d).items()}} for d in docs]}
     out.write_text(json.dumps(summary, indent=1))
@@ -433,6 +451,8 @@ def main() -> None:
         g.add_argument("--engine-kwargs", default="{}", help="JSON added to every leg's vLLM arguments")
         g.add_argument("--variant", default="", help="JSON engine arguments of an extra leg, fleetllm_v (gpu mode)")
         g.add_argument("--legs", default="", help="comma-separated legs to run (gpu mode; default: all)")
+        g.add_argument("--busy-cores", type=int, default=0,
+                       help="keep N host cores busy (pure-Python spin loops) through every leg: a shared node")
     for s in (c, *(sub.choices[n] for n in ("gpu", "throughput"))):
         s.add_argument("--rounds", type=int, default=3)
         s.add_argument("--budget-s", type=float, default=3600, help="stop starting legs past this (whole run)")

@@ -13,7 +13,8 @@ import json
 import time
 from typing import Any
 
-from fleetllm.batch.stages import TemplatePreprocessor, render_template, replica_id, replica_node_id
+from fleetllm.batch.stages import (TemplatePreprocessor, render_template, replica_id, replica_node_id,
+                                   table_from_rows)
 from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult
 from fleetllm.errors import FleetError
 
@@ -115,8 +116,6 @@ class EmbedStage:
         return out
 
     def __call__(self, batch):
-        import pyarrow as pa
-
         started = time.time()
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
         spans, requests = {}, []
@@ -151,7 +150,7 @@ class EmbedStage:
             row.update(_node=self.node_id, _replica=self.replica, _ready=self.ready_at, _started=started,
                        _finished=finished)
             out.append(row)
-        return pa.Table.from_pylist(out)
+        return table_from_rows(out)
 
 
 def fixed_size_embedding(table, dims: int | None):

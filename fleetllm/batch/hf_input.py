@@ -209,7 +209,7 @@ def read_shard(shard: Shard) -> list[dict[str, Any]]:
             pos += n
             if pos >= shard.stop:
                 break
-    rows = pa.Table.from_batches(parts).to_pylist() if parts else []
+    rows = input_files.table_rows_checked(pa.Table.from_batches(parts), shard.start, shard.rel) if parts else []
     for k, row in enumerate(rows):
         row["_line"] = shard.start + k
     return rows

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from fleetllm.batch import store
 from fleetllm.batch.plan import InputFile, Shard
 from fleetllm.errors import InputError
+from fleetllm.unicode_text import FIX, SURROGATE_ESCAPE, lone_surrogate, lone_surrogate_in_json
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 LINE_FORMATS = ("jsonl", "openai_batch")
@@ -72,25 +73,40 @@ def _read_whole(fs, path: str, fmt: str) -> pa.Table | list[dict[str, Any]]:
         if fmt == "csv":
             import pyarrow.csv as pacsv
 
-            return pacsv.read_csv(fh)
+            return utf8_columns(pacsv.read_csv(fh), posixpath.basename(path))
         if fmt == "json":
+            raw = fh.read()
             try:
-                data = json.load(fh)
-            except json.JSONDecodeError as exc:
+                data = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise InputError(f"{path} is not valid JSON: {exc}") from None
             if not isinstance(data, list):
                 raise InputError(f"{path} must hold a JSON array of objects (or use .jsonl)")
-            return [item if isinstance(item, dict) else
-                    {"_input_error": f"item {k} of {posixpath.basename(path)} is a JSON {type(item).__name__}, "
-                                     "not an object", "_raw": json.dumps(item, default=str)[:2000]}
-                    for k, item in enumerate(data)]
+            return [_json_item(k, item, posixpath.basename(path), raw) for k, item in enumerate(data)]
     raise AssertionError(fmt)
+
+
+def _json_item(k: int, item: Any, name: str, raw: bytes) -> dict[str, Any]:
+    """Item k of a JSON array file as a row, or a row with `_input_error` when it is not an object or
+    holds text that is not valid Unicode."""
+    if not isinstance(item, dict):
+        return {"_input_error": f"item {k} of {name} is a JSON {type(item).__name__}, not an object",
+                "_raw": json.dumps(item, default=str)[:2000]}
+    bad_text = lone_surrogate_in_json(raw, item)
+    if bad_text:
+        return {"_input_error": f"item {k} of {name} is not valid Unicode text: {bad_text}; {FIX}",
+                "_raw": json.dumps(item)[:2000]}
+    return item
 
 
 def _whole_rows(fs, path: str, fmt: str, start: int, count: int) -> list[dict[str, Any]]:
     whole = _read_whole(fs, path, fmt)
     if isinstance(whole, pa.Table):
-        return whole.slice(start, count).to_pylist()
+        rows = whole.slice(start, count).to_pylist()
+        for row in rows:
+            if "_input_error" in row and row["_input_error"] is None:  # a good row of a csv with bad ones
+                del row["_input_error"]
+        return rows
     return [dict(r) for r in whole[start:start + count]]
 
 
@@ -129,7 +145,10 @@ def plan_columns(files: list[InputFile], declared: str, skip: tuple[str, ...] = 
             with fs.open(f.path, "rb") as fh:
                 planner.add_schema(pq.ParquetFile(fh).schema_arrow)
         elif fmt == "csv":
-            planner.add_schema(_read_whole(fs, f.path, fmt).schema)
+            schema = _read_whole(fs, f.path, fmt).schema
+            if "_input_error" in schema.names:  # rows that are not UTF-8 text (utf8_columns)
+                schema = schema.remove(schema.get_field_index("_input_error"))
+            planner.add_schema(schema)
         elif fmt == "json":
             rows = _read_whole(fs, f.path, fmt)
             for k in range(0, len(rows), CHUNK):
@@ -164,7 +183,10 @@ def _plan_lines(planner, lines: list[bytes]) -> None:
                 rows.append(json.loads(line))
             except (ValueError, RecursionError):
                 continue  # the row is an error row; it has no columns
-    planner.add_rows([row for row in rows if isinstance(row, dict)])
+    rows = [row for row in rows if isinstance(row, dict)]
+    if any(SURROGATE_ESCAPE.search(line) for line in lines):  # such a row is an error row: no columns
+        rows = [row for row in rows if not lone_surrogate(row)]
+    planner.add_rows(rows)
 
 
 def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[dict[str, Any]]:
@@ -187,14 +209,19 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
                 physical += 1
                 if not line.strip():
                     continue
+                problem = None
                 try:
                     row = json.loads(line)
                     if not isinstance(row, dict):
                         raise ValueError(f"a JSON {type(row).__name__}, not an object")
+                    bad_text = lone_surrogate_in_json(line, row)
+                    if bad_text:
+                        problem = f"is not valid Unicode text: {bad_text}; {FIX}"
                 except (ValueError, RecursionError) as exc:
+                    problem = f"is not a JSON object: {exc}"
+                if problem is not None:
                     before = _lines_before(fs, shard.path, shard.offset) if before is None else before
-                    number = before + physical
-                    row = {"_input_error": f"line {number} of {shard.rel} is not a JSON object: {exc}",
+                    row = {"_input_error": f"line {before + physical} of {shard.rel} {problem}",
                            "_raw": line.decode("utf-8", "replace")[:2000]}
                 row["_line"] = index
                 rows.append(row)
@@ -204,13 +231,69 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
         with fs.open(path, "rb") as fh:
             pf = pq.ParquetFile(fh)
             table = _parquet_range(pf, shard.start, shard.stop)
-        table_rows = table.to_pylist()
+        table_rows = table_rows_checked(table, shard.start, shard.rel)
     else:
         table_rows = _whole_rows(fs, path, fmt, shard.start, shard.rows)
     for k, row in enumerate(table_rows):
         row["_line"] = shard.start + k
         rows.append(row)
     return rows
+
+
+def table_rows_checked(table: pa.Table, first: int, name: str) -> list[dict[str, Any]]:
+    """table.to_pylist(), where a row holding a string that is not UTF-8 (a Parquet or Arrow file from a
+    writer that does not check) becomes a row with `_input_error` naming the row and the column, instead of
+    failing the shard."""
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:
+        pass
+    rows: list[dict[str, Any]] = []
+    for k in range(table.num_rows):
+        one = table.slice(k, 1)
+        try:
+            rows.append(one.to_pylist()[0])
+        except UnicodeDecodeError as exc:
+            bad = [c for c in one.column_names if not _converts(one.column(c))]
+            rows.append({"_input_error": f"row {first + k} of {name}: column {bad[0] if bad else '?'!r} holds a string "
+                                         f"that is not UTF-8 ({exc.reason} at byte {exc.start}); rewrite the file with "
+                                         "UTF-8 text, or store the column as binary"})
+    return rows
+
+
+def _converts(column: pa.ChunkedArray) -> bool:
+    try:
+        column.to_pylist()
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def utf8_columns(table: pa.Table, name: str) -> pa.Table:
+    """A CSV file's table with its binary columns as text: pyarrow's CSV reader types a column binary when
+    a value in it is not UTF-8. Each value that is UTF-8 becomes text; a row holding one that is not gets
+    `_input_error` (an extra column) naming the row and the column."""
+    errors: dict[int, str] = {}
+    for i, field in enumerate(table.schema):
+        if not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+            continue
+        try:
+            table = table.set_column(i, field.name, table.column(i).cast(pa.string()))
+            continue
+        except pa.ArrowInvalid:
+            pass
+        values: list[str | None] = []
+        for k, value in enumerate(table.column(i).to_pylist()):
+            try:
+                values.append(None if value is None else value.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                values.append(None)
+                errors.setdefault(k, f"row {k + 1} of {name} (after the header): column {field.name!r} is not UTF-8 "
+                                     f"text ({exc.reason} at byte {exc.start}); save the file as UTF-8")
+        table = table.set_column(i, field.name, pa.array(values, pa.string()))
+    if errors:
+        table = table.append_column("_input_error", pa.array([errors.get(k) for k in range(table.num_rows)], pa.string()))
+    return table
 
 
 def _lines_before(fs, path: str, offset: int) -> int:
@@ -252,7 +335,8 @@ def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
         with fs.open(p, "rb") as fh:
             pf = pq.ParquetFile(fh, buffer_size=PEEK_BUFFER, pre_buffer=False)
             batch = next(pf.iter_batches(batch_size=n), None)
-        return [] if batch is None else batch.to_pylist()
+        rows = [] if batch is None else table_rows_checked(pa.Table.from_batches([batch]), 0, rel)
+        return [r for r in rows if "_input_error" not in r]
     if fmt not in LINE_FORMATS:
         return [r for r in _whole_rows(fs, p, fmt, 0, n) if "_input_error" not in r]
     return [r for r in read_shard(shard, declared) if "_input_error" not in r]

@@ -107,6 +107,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     import pyarrow as pa
 
     from fleetllm.batch.job_plan import engine_pool
+    from fleetllm.batch.stages import table_from_rows
     from fleetllm.batch.stream import read_shard_rows
 
     pool = engine_pool(plan)
@@ -142,7 +143,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     def shard_table(shard) -> Any:
         wait_for_engine_core()
         rows = [preprocessor(r) for r in read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
-        table = pa.Table.from_pylist(rows)
+        table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
         if tokenize is not None:
             from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 

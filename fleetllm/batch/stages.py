@@ -80,6 +80,16 @@ class TemplatePreprocessor:
         return f"{row.get('_file', '')}:{line}" if "_file" in row else str(line)
 
 
+def table_from_rows(rows: list[dict[str, Any]]):
+    """An Arrow table of rows whose keys differ (an error row lacks the columns a good row gets): every
+    key of any row is a column, None where a row lacks it. `pa.Table.from_pylist` takes its columns from
+    the first row only, so a shard starting with an error row would lose the others' prompts."""
+    import pyarrow as pa
+
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return pa.Table.from_pydict({k: [row.get(k) for row in rows] for k in keys})
+
+
 def checked_messages(value: Any) -> list[dict[str, Any]]:
     """A row's `messages` (a list, or its JSON text where the column mixes types) as a list of
     {role, content} dicts; FleetError naming what is wrong otherwise."""
@@ -122,6 +132,12 @@ class _StrictRow(dict):
         value = super().__getitem__(key)
         if value is None:
             raise KeyError(key)
+        if isinstance(value, (bytes, bytearray)):  # a binary column: its text, never its repr (b'...')
+            try:
+                return bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise FleetError(f"column {key!r} is binary data, not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                                 "prompt.template can only place text; decode the column or leave it out") from None
         return value
 
 
@@ -253,8 +269,6 @@ class EngineStage:
         self.replica = replica_id()
 
     def __call__(self, batch):
-        import pyarrow as pa
-
         started = time.time()
         rows = batch.to_pylist() if hasattr(batch, "to_pylist") else list(batch)
         todo, requests = [], []
@@ -291,7 +305,4 @@ class EngineStage:
             row["_started"] = started
             row["_finished"] = finished
             out.append(row)
-        if any("logprobs" in r for r in out):  # from_pylist takes its columns from the first row
-            for r in out:
-                r.setdefault("logprobs", None)
-        return pa.Table.from_pylist(out)
+        return table_from_rows(out)

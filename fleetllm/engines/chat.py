@@ -6,6 +6,7 @@ from typing import Any
 
 from fleetllm.engines.base import GenerationRequest
 from fleetllm.errors import RowError
+from fleetllm.unicode_text import FIX, lone_surrogate
 
 
 def text_content(content: Any, where: str = "content") -> str | None:
@@ -88,6 +89,12 @@ def max_chars_per_token(tokenizer) -> int:
 
 
 def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token: int) -> None:
+    """RowError when the prompt cannot fit the context by its characters alone, or holds text that is not
+    valid Unicode (no tokenizer takes a lone surrogate)."""
+    bad_text = (lone_surrogate(request.prompt, "the prompt") if request.messages is None
+                else lone_surrogate(list(request.messages), "messages"))
+    if bad_text:
+        raise RowError(f"{bad_text}: it is not valid Unicode text; {FIX}")
     chars = prompt_chars(request)
     if chars > context * chars_per_token:
         raise RowError(f"the prompt is {chars} characters, more than the model's context of {context} tokens "

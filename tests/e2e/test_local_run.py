@@ -4,6 +4,7 @@ the same outputs, manifest and report as the Ray path, and each resumes the othe
 import json
 import os
 
+from hostile_rows import HOSTILE, ROWS, check_rows
 from test_cli_run import fleetllm, read_rows, write_job
 
 
@@ -50,3 +51,19 @@ def test_in_process_run_equals_the_ray_run_and_resumes_it(tmp_path, tiny_model):
     report = json.loads((ray_out / "run.json").read_text())
     assert report["in_process"] is True and report["rows_skipped"] == 12 and report["rows_computed"] == 0
     assert len(read_rows(ray_out)) == 12
+
+
+def test_hostile_rows_in_process_give_what_the_ray_path_gives(tmp_path, tiny_model):
+    """The rows of integration/test_messy_rows.py through the in-process path (shards of 3, so error rows open
+    shards): each row its value or its error, as on Ray; a shard's first row being an error row does not
+    cost the rows after it their prompts (Arrow's from_pylist takes the first row's keys)."""
+    (tmp_path / "in.jsonl").write_text("\n".join(line for line, *_ in HOSTILE) + "\n")
+    job = write_job(tmp_path, model={"source": tiny_model}, output={"shard_rows": 3}, sampling={"max_tokens": 3},
+                    prompt={"system": None}, compute={"batch_size": 2, "cpus_per_replica": 1})
+    proc = fleetllm("run", str(job), "--max-error-rate", "1", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert report["in_process"] is True and report["rows"] == ROWS
+    out = read_rows(tmp_path / "out")
+    assert len(out) == ROWS  # each row once
+    check_rows({r["row_id"]: r for r in out})

@@ -40,6 +40,11 @@ def chat(messages=None, **body):
     return ("POST", "/v1/chat/completions", {"json": {"model": "tiny", "messages": messages or MSG, **body}})
 
 
+def raw(body: str, path: str = "/v1/chat/completions"):
+    """A request whose body is sent as written (escapes json.dumps would not produce)."""
+    return ("POST", path, {"content": body.encode(), "headers": {"content-type": "application/json"}})
+
+
 def part(**p):
     return [{"role": "user", "content": [{"type": "text", "text": "Look:"}, p]}]
 
@@ -75,6 +80,12 @@ CASES = [
     (chat([{"role": "user", "content": "x" * 5_000_000}]), 400, None, None),
     (("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "hi", "logit_bias": {"-1": 1}}}), 400,
      "logit_bias", "`logit_bias` token id -1 is negative"),
+    # JSON lets a lone UTF-16 surrogate be escaped; no tokenizer takes the str Python decodes it to
+    (raw('{"model": "tiny", "messages": [{"role": "user", "content": "Say \\udc00 hi"}]}'), 400, "messages",
+     "messages[0].content holds a lone UTF-16 surrogate U+DC00 at character 4: it is not valid Unicode text; fix "
+     "the escape (a surrogate pair such as \\ud83d\\ude00 is one valid character) or remove it"),
+    (raw('{"model": "tiny", "prompt": "\\uD800", "max_tokens": 2}', "/v1/completions"), 400, "prompt", None),
+    (raw('{"model": "tiny", "input": ["ok", "\\ud800"]}', "/v1/embeddings"), 400, "input", None),
 ]
 
 

@@ -13,22 +13,7 @@ import ray
 
 from fleetllm.batch.runner import run_job
 from fleetllm.spec import JobSpec
-
-HOSTILE = [  # (line, expected id, expected `instruction` as written, expected error prefix or None)
-    ('{"id":"m0","instruction":"Hi"}', "m0", "Hi", None),
-    ('{"id":"m1","instruction":7}', "m1", "7", None),
-    ('{"id":2,"instruction":{"a":[1,{"b":null}]}}', "2", '{"a": [1, {"b": null}]}', None),
-    ('{"id":3,"instruction":[1,"x",true]}', "3", '[1, "x", true]', None),
-    ('{"id":"m4","instruction":null,"extra":{"k":1}}', "m4", None, "prompt.template needs column 'instruction'"),
-    ('{"id":"m5","instruction":18446744073709551616,"extra":[1]}', "m5", "18446744073709551616", None),
-    ('{"id":"m6","instruction":NaN,"extra":-Infinity}', "m6", "NaN", None),
-    ('{"id":"m7","instruction":"日本語 🎌 \\u0000 end","extra":"text"}', "m7", "日本語 🎌 \x00 end", None),
-    ("", None, None, None),  # blank lines are not rows
-    ('{"id":1e400,"instruction":false}', "Infinity", "false", None),
-    ("[1, 2]", "in.jsonl:9", None, "line 11 of in.jsonl is not a JSON object"),
-    ('{"id":"m10","instruction":"   "}', "m10", "   ", "the prompt is empty after formatting"),
-    ('{"id":"m11","instruction":"{instruction}","sampling_params":{"max_tokens":2}}', "m11", "{instruction}", None),
-]
+from hostile_rows import HOSTILE, ROWS, check_rows
 
 
 def make_spec(model: str, src: Path, out: Path, **over) -> JobSpec:
@@ -57,28 +42,21 @@ def read_back(out: Path) -> tuple[dict[str, dict], pa.Schema]:
 def test_a_hostile_jsonl_writes_every_row_once_at_any_batch_and_shard_size(ray_local, tiny_model, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(line for line, *_ in HOSTILE) + "\n")
-    expected = {rid: (value, err) for _, rid, value, err in HOSTILE if rid is not None}
     for batch_size, shard_rows in ((2, 3), (5, 4)):
         out = tmp_path / f"out-{batch_size}-{shard_rows}"
         spec = make_spec(tiny_model, src, out, output={"shard_rows": shard_rows},
                          compute={"batch_size": batch_size})
         report = run_job(spec)
-        assert report["complete"] and report["rows"] == len(expected) == 12
+        assert report["complete"] and report["rows"] == ROWS == 14
         rows, schema = read_back(out)
-        assert set(rows) == set(expected)
-        for rid, (value, err) in expected.items():
-            assert rows[rid]["instruction"] == value, rid
-            if err is None:
-                assert rows[rid]["error"] is None and rows[rid]["num_generated_tokens"] > 0, (rid, rows[rid]["error"])
-            else:
-                assert rows[rid]["error"].startswith(err), (rid, rows[rid]["error"])
+        check_rows(rows)
         assert rows["m11"]["num_generated_tokens"] <= 2  # the row's own sampling_params applied
         assert [rows[k]["extra"] for k in ("m4", "m5", "m6", "m7")] == ['{"k": 1}', "[1]", "-Infinity", "text"]
         assert {f.name: str(f.type) for f in schema if f.name in ("id", "instruction", "extra")} == {
             "id": "string", "instruction": "string", "extra": "string"}
         again = run_job(spec)  # the rerun resumes: nothing is computed again, nothing crashes
-        assert again["rows_skipped"] == 12 and again["rows_computed"] == 0
-        assert len(read_back(out)[0]) == 12
+        assert again["rows_skipped"] == ROWS and again["rows_computed"] == 0
+        assert len(read_back(out)[0]) == ROWS
 
 
 def test_a_folder_of_files_that_disagree_on_types_reads_back_with_one_schema(ray_local, tiny_model, tmp_path):

@@ -237,6 +237,8 @@ class StreamBatcher:
         tok = engine.tokenizer
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+        from fleetllm.engines.transformers_engine import repeat_rows
+
         members.sort(key=lambda r: len(r.ids))
         sampling = members[0].sampling
         n = sampling["n"]
@@ -263,9 +265,9 @@ class StreamBatcher:
                 step_logprobs.append(torch.log_softmax(scores.float(), dim=-1))
                 return scores
 
-        batch = tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device)
+        batch = repeat_rows(tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device), n)
         gen_kwargs: dict[str, Any] = dict(
-            max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
+            max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
         processors = [RecordLogprobs()] if want_logprobs else []  # logprobs of the model, before any grammar

@@ -201,7 +201,7 @@ REQUEST_FIELDS = {
     "messages": "the chat prompt (text content parts only)",
     "prompt": "the completions prompt (one string)",
     "stream": "serve: server-sent events; batch: false only",
-    "stream_options": "serve: include_usage",
+    "stream_options": "serve: include_usage (with stream: true only)",
     "echo": "serve /v1/completions: the prompt is prepended",
     "chat_template_kwargs": "serve: variables for the chat template (batch: model.chat_template_kwargs)",
 }

@@ -93,6 +93,13 @@ class _RequestBase(BaseModel):
             raise ValueError(str(exc)) from None
         return self
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None, info) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):  # as OpenAI and vLLM refuse it
+            raise ValueError("`stream_options` is only allowed when `stream` is true; set stream: true or remove it")
+        return value
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:

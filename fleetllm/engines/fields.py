@@ -234,6 +234,9 @@ def check_value(name: str, value: Any) -> Any:
         raise FieldError(f"`{name}` {exc}", param=name) from None
 
 
+LOCAL_ENGINES = ("transformers", "vllm")  # they decode greedily at temperature 0 (an endpoint samples as it likes)
+
+
 def check_sampling(sampling: dict[str, Any] | None, engine: str | None) -> dict[str, Any]:
     """Validate a sampling dict (unset values dropped): types and ranges, and, for an `engine`, that it
     honours every field. Returns the normalised dict; raises FieldError naming the field."""
@@ -255,6 +258,11 @@ def check_sampling(sampling: dict[str, Any] | None, engine: str | None) -> dict[
     if out.get("min_tokens", 0) > out.get("max_tokens", 1 << 62):
         raise FieldError(f"`min_tokens` ({out['min_tokens']}) is larger than `max_tokens` ({out['max_tokens']})",
                          param="min_tokens")
+    if engine in LOCAL_ENGINES and out.get("n", 1) > 1 and not out.get("temperature"):
+        # greedy decoding gives one answer (vLLM's SamplingParams refuses it too; transformers' generate fails)
+        unset = "" if "temperature" in out else ", fleetllm's default when unset"
+        raise FieldError(f"`n` is {out['n']} but temperature is {out.get('temperature', 0)}{unset}: greedy decoding "
+                         f"gives one answer, not {out['n']}; set temperature above 0 (e.g. 1.0) or n: 1", param="n")
     return out
 
 

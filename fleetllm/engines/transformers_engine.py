@@ -229,11 +229,12 @@ class TransformersEngine(Engine):
         # each row keeps its own max_tokens, capped so prompt+output fits the context
         limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s, _ in chunk]
         max_new = max(limits)
-        batch = repeat_rows(tok.pad({"input_ids": [ids for _, ids, _, _ in chunk]}, return_tensors="pt").to(self.device), n)
+        batch = tok.pad({"input_ids": [ids for _, ids, _, _ in chunk]}, return_tensors="pt").to(self.device)
         temperature = float(sampling.get("temperature", 0.0))
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new,
             pad_token_id=tok.pad_token_id,
+            num_return_sequences=n,
             return_dict_in_generate=True,
             output_scores=sampling.get("logprobs") is not None,
         )
@@ -315,10 +316,3 @@ class TransformersEngine(Engine):
                 ]
             entries.append(entry)
         return entries
-
-
-def repeat_rows(batch, n: int) -> dict:
-    """Each row of a padded batch n times in place (row k's copies at k*n .. k*n+n-1), as generate's
-    `num_return_sequences` lays them out; done here because transformers refuses num_return_sequences > 1
-    without sampling, and OpenAI's `n` at temperature 0 is n (identical) greedy completions."""
-    return dict(batch) if n == 1 else {k: v.repeat_interleave(n, dim=0) for k, v in batch.items()}

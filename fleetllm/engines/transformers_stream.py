@@ -237,8 +237,6 @@ class StreamBatcher:
         tok = engine.tokenizer
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
-        from fleetllm.engines.transformers_engine import repeat_rows
-
         members.sort(key=lambda r: len(r.ids))
         sampling = members[0].sampling
         n = sampling["n"]
@@ -265,9 +263,9 @@ class StreamBatcher:
                 step_logprobs.append(torch.log_softmax(scores.float(), dim=-1))
                 return scores
 
-        batch = repeat_rows(tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device), n)
+        batch = tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device)
         gen_kwargs: dict[str, Any] = dict(
-            max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id,
+            max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
         processors = [RecordLogprobs()] if want_logprobs else []  # logprobs of the model, before any grammar

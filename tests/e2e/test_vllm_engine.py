@@ -83,7 +83,7 @@ def test_batch_greedy_n_logprobs_and_per_row_errors(engine):
 
 def test_greedy_n_above_one_is_a_row_error(engine):
     bad, good = engine.generate([chat("Hi", n=2, max_tokens=3), chat("Hi", max_tokens=3)])
-    assert "n must be 1" in bad.error
+    assert bad.error.startswith("`n` is 2 but temperature is 0, fleetllm's default when unset: greedy decoding")
     assert good.error is None and good.num_generated_tokens > 0
 
 

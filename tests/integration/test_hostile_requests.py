@@ -75,6 +75,8 @@ CASES = [
     (chat(stop_token_ids=[1]), 400, "stop_token_ids",
      "`stop_token_ids` is not supported by the transformers engine; engines that honour it: vllm, openai"),
     (chat(min_tokens=9, max_tokens=3), 400, "min_tokens", "`min_tokens` (9) is larger than `max_tokens` (3)"),
+    (chat(n=2), 400, "n", "`n` is 2 but temperature is 0, fleetllm's default when unset: greedy decoding gives one "
+     "answer, not 2; set temperature above 0 (e.g. 1.0) or n: 1"),
     (chat(stream_options={"include_usage": True}), 400, "stream_options", "stream_options: `stream_options` is only "
      "allowed when `stream` is true; set stream: true or remove it (got {'include_usage': True})"),
     (chat(frobnicate=True), 400, "frobnicate", None),

@@ -89,16 +89,14 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(app):
 
 def test_chat_n_usage_logprobs_and_stream_match(app):
     api, _ = app
-    plain, two, lp, stream, comp, greedy = call(
+    plain, two, lp, stream, comp = call(
         api, chat(max_tokens=8), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
         chat(max_tokens=3, logprobs=True, top_logprobs=2),
         chat(max_tokens=8, stream=True, stream_options={"include_usage": True}),
         ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True},
                                      "headers": HDR}),
-        chat(max_tokens=8, n=3),  # n at temperature 0: three copies of the greedy answer
     )
     body = plain.json()
-    assert [c["message"]["content"] for c in greedy.json()["choices"]] == [body["choices"][0]["message"]["content"]] * 3
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 8
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 8
     assert [c["index"] for c in two.json()["choices"]] == [0, 1]

@@ -56,16 +56,6 @@ def test_n_completions_each_follow_the_grammar(engine):
     assert all(c.text in ("red", "green", "blue") for c in result.completions)
 
 
-def test_greedy_n_gives_n_identical_completions(engine):
-    """OpenAI's `n` at temperature 0 (transformers' generate refuses num_return_sequences > 1 without
-    sampling): n copies of the greedy completion, with and without a grammar, in a batch with n=1 rows."""
-    plain, constrained = engine.generate([request({}, n=3, ignore_eos=True, max_tokens=6), request(DIGITS, n=2)])
-    [one] = engine.generate([request({}, ignore_eos=True, max_tokens=6)])
-    assert plain.error is None and [c.index for c in plain.completions] == [0, 1, 2]
-    assert {c.text for c in plain.completions} == {one.text} and plain.num_generated_tokens == 18
-    assert len({c.text for c in constrained.completions}) == 1 and constrained.completions[0].text.isdigit()
-
-
 def test_streamed_rows_of_one_batch_follow_their_own_grammar(engine):
     async def collect(req):
         return "".join([d.text async for d in engine.generate_stream(req)])

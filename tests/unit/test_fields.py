@@ -57,3 +57,13 @@ def test_model_limits_and_output_budget():
     assert str(caught.value) == ("the model's context is 200 tokens; the request asks for 201 (100 in the prompt, "
                                  "101 in max_tokens): lower max_tokens to 100 or less")
     assert caught.value.param == "max_tokens"
+
+
+def test_n_above_one_needs_sampling_on_the_local_engines_only():
+    for engine in ("transformers", "vllm"):
+        with pytest.raises(FieldError, match=r"^`n` is 3 but temperature is 0\.0: greedy decoding gives one answer") as exc:
+            check_sampling({"n": 3, "temperature": 0.0}, engine)
+        assert exc.value.param == "n"
+        assert check_sampling({"n": 3, "temperature": 0.5}, engine) == {"n": 3, "temperature": 0.5}
+    assert check_sampling({"n": 3}, "openai") == {"n": 3}  # an endpoint samples at its own default
+    assert check_sampling({"n": 3}, None) == {"n": 3}  # no engine yet (the API's first check)

@@ -88,13 +88,18 @@ def max_chars_per_token(tokenizer) -> int:
         return 1 << 30
 
 
-def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token: int) -> None:
-    """RowError when the prompt cannot fit the context by its characters alone, or holds text that is not
-    valid Unicode (no tokenizer takes a lone surrogate)."""
+def check_text(request: GenerationRequest) -> None:
+    """RowError when the prompt holds text that is not valid Unicode (a lone surrogate): no tokenizer takes
+    it and no UTF-8 request body can carry it."""
     bad_text = (lone_surrogate(request.prompt, "the prompt") if request.messages is None
                 else lone_surrogate(list(request.messages), "messages"))
     if bad_text:
         raise RowError(f"{bad_text}: it is not valid Unicode text; {FIX}")
+
+
+def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token: int) -> None:
+    """RowError when the prompt cannot fit the context by its characters alone, or is not valid Unicode."""
+    check_text(request)
     chars = prompt_chars(request)
     if chars > context * chars_per_token:
         raise RowError(f"the prompt is {chars} characters, more than the model's context of {context} tokens "

@@ -46,9 +46,13 @@ def test_generate_in_order_with_chat_and_prompt_rows(server):
 def test_failed_rows_keep_their_error_and_a_missing_model_stops(server):
     engine = make_engine(server.base_url)
     try:
-        results = engine.generate([GenerationRequest(prompt="x"), GenerationRequest(messages=[{"role": "user"}])])
+        sent = server.stats()["requests"]
+        results = engine.generate([GenerationRequest(prompt="x"), GenerationRequest(messages=[{"role": "user"}]),
+                                   GenerationRequest(messages=[{"role": "user", "content": "a \udc00"}])])
         assert results[0].error is None and results[0].attempts == 1
         assert "content" in results[1].error  # a malformed row fails alone, before sending
+        assert results[2].error.startswith("messages[0].content holds a lone UTF-16 surrogate U+DC00 at character 2")
+        assert not results[2].attempts and server.stats()["requests"] == sent + 1  # refused here, never sent
     finally:
         engine.stop()
     engine = make_engine(server.base_url, model="missing-model")

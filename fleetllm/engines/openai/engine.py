@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
 )
+from fleetllm.engines.chat import check_text
 from fleetllm.engines.loop_thread import LoopThread
 from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController
 from fleetllm.engines.openai.client import CallResult, QueryClient, RetryPolicy
@@ -187,6 +188,7 @@ class OpenAIHTTPEngine(Engine):
         chat = request.messages is not None
         try:  # the field table: what this engine sends, and the values' types and ranges
             sampling = self.check_sampling(request.sampling)
+            check_text(request)  # a lone surrogate cannot be sent as UTF-8: the row's error, never retried
         except RowError as exc:
             return GenerationResult.failed(str(exc))
         if request.structured is not None:  # response_format (JSON) or vLLM's structured_outputs

@@ -46,3 +46,8 @@ def lone_surrogate(value: Any, where: str = "") -> str | None:
 def lone_surrogate_in_json(raw: bytes, value: Any, where: str = "") -> str | None:
     """lone_surrogate(value), only looked for when the raw JSON text holds a surrogate escape."""
     return lone_surrogate(value, where) if SURROGATE_ESCAPE.search(raw) else None
+
+
+def refusal(bad_text: str) -> str:
+    """The error of a request or prompt holding such text (lone_surrogate's description)."""
+    return f"{bad_text}: it is not valid Unicode text; {FIX}"

@@ -82,17 +82,18 @@ def _read_whole(fs, path: str, fmt: str) -> pa.Table | list[dict[str, Any]]:
                 raise InputError(f"{path} is not valid JSON: {exc}") from None
             if not isinstance(data, list):
                 raise InputError(f"{path} must hold a JSON array of objects (or use .jsonl)")
-            return [_json_item(k, item, posixpath.basename(path), raw) for k, item in enumerate(data)]
+            escapes = SURROGATE_ESCAPE.search(raw) is not None  # once per file: clean files check no item
+            return [_json_item(k, item, posixpath.basename(path), escapes) for k, item in enumerate(data)]
     raise AssertionError(fmt)
 
 
-def _json_item(k: int, item: Any, name: str, raw: bytes) -> dict[str, Any]:
+def _json_item(k: int, item: Any, name: str, escapes: bool) -> dict[str, Any]:
     """Item k of a JSON array file as a row, or a row with `_input_error` when it is not an object or
-    holds text that is not valid Unicode."""
+    holds text that is not valid Unicode (looked for only when the file holds a surrogate escape)."""
     if not isinstance(item, dict):
         return {"_input_error": f"item {k} of {name} is a JSON {type(item).__name__}, not an object",
                 "_raw": json.dumps(item, default=str)[:2000]}
-    bad_text = lone_surrogate_in_json(raw, item)
+    bad_text = lone_surrogate(item) if escapes else None
     if bad_text:
         return {"_input_error": f"item {k} of {name} is not valid Unicode text: {bad_text}; {FIX}",
                 "_raw": json.dumps(item)[:2000]}

@@ -288,7 +288,7 @@ class EngineStage:
         out = []
         for i, row in enumerate(rows):
             if structured:
-                row["parsed"] = None  # every row of the batch has the column (Arrow takes the first row's keys)
+                row["parsed"] = None  # the column exists in a structured batch even when no row parsed
             if i in done:
                 res, att, constraint = done[i]
                 row.update(result_columns(res, att, n_max, constraint))

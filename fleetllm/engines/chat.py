@@ -6,7 +6,7 @@ from typing import Any
 
 from fleetllm.engines.base import GenerationRequest
 from fleetllm.errors import RowError
-from fleetllm.unicode_text import FIX, lone_surrogate
+from fleetllm.unicode_text import lone_surrogate, refusal
 
 
 def text_content(content: Any, where: str = "content") -> str | None:
@@ -94,7 +94,7 @@ def check_text(request: GenerationRequest) -> None:
     bad_text = (lone_surrogate(request.prompt, "the prompt") if request.messages is None
                 else lone_surrogate(list(request.messages), "messages"))
     if bad_text:
-        raise RowError(f"{bad_text}: it is not valid Unicode text; {FIX}")
+        raise RowError(refusal(bad_text))
 
 
 def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token: int) -> None:

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleetllm.serve.backend import Backend, raise_item_error
 from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
-from fleetllm.unicode_text import FIX, lone_surrogate, lone_surrogate_in_json
+from fleetllm.unicode_text import lone_surrogate, lone_surrogate_in_json, refusal
 from fleetllm.serve.protocol import (
     APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
     CompletionChoice, CompletionRequest, CompletionResponse, DeltaMessage, ModelCard, ModelList,
@@ -76,7 +76,7 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         bad_text = lone_surrogate_in_json(raw, data)
         if bad_text:  # no tokenizer takes it: refused here, naming the field, not as a tokenizer's message
             param = next((k for k, v in data.items() if lone_surrogate(v) or lone_surrogate(k)), None)
-            raise APIError(400, f"{bad_text}: it is not valid Unicode text; {FIX}", param=param)
+            raise APIError(400, refusal(bad_text), param=param)
         try:
             return model_cls.model_validate(data)
         except ValidationError as exc:

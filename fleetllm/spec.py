@@ -41,6 +41,25 @@ class ModelSpec(StrictModel):
         description="Extra variables for the tokenizer's chat template, e.g. {enable_thinking: false}.",
     )
     revision: str | None = Field(None, description="Hub revision (commit, tag or branch) of a hub id.")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters over this model, {name: source}; a source is a local "
+        "folder, an object-store URL (s3://...) or a hub id of a peft adapter. Rows pick one with adapter_column.")
+    adapter_column: str | None = Field(
+        None, description="Column naming each row's LoRA adapter (a name in lora_adapters; empty: the base model). "
+        "Rows are grouped by adapter in each engine call.")
+
+    @model_validator(mode="after")
+    def _adapters(self) -> "ModelSpec":
+        from fleetllm.adapters import check_names
+
+        check_names(self.lora_adapters)
+        if self.adapter_column and not self.lora_adapters:
+            raise ValueError("model.adapter_column names each row's LoRA adapter, but model.lora_adapters is empty; "
+                             "list the adapters as {name: source}")
+        if self.lora_adapters and self.engine == "openai":
+            raise ValueError("model.lora_adapters load adapters into a local engine; for engine openai name the "
+                             "endpoint's adapter as model.source instead")
+        return self
 
 
 class InputSpec(StrictModel):
@@ -69,8 +88,28 @@ class InputSpec(StrictModel):
         return self
 
 
+class ImagesSpec(StrictModel):
+    """Limits on the images of chat messages (image_url parts, or prompt.image_column)."""
+
+    max_images: int = Field(8, ge=1, description="Images per prompt; more is the row's error.")
+    max_bytes: int = Field(20 << 20, ge=1, description="Encoded bytes of one image.")
+    max_pixels: int = Field(40_000_000, ge=1, description="Width x height of one image.")
+    fetch_timeout_s: float = Field(10.0, gt=0, description="Seconds to fetch one http(s) image.")
+    allow_private_urls: bool = Field(False, description="Fetch http(s) images from private, loopback and "
+                                     "link-local addresses too (refused by default).")
+
+    def limits(self, local_files: bool = True):
+        from fleetllm.engines.images import ImageLimits
+
+        return ImageLimits(**self.model_dump(), local_files=local_files)
+
+
 class PromptSpec(StrictModel):
     system: str | None = Field(None, description="System message prepended to every conversation.")
+    image_column: str | None = Field(
+        None, description="Column holding an image for the user message, placed before prompt.template's "
+        "text: bytes, a local path, an object-store URL, an https:// URL or a data: URL.")
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="Limits on each row's images.")
     template: str | None = Field(
         None,
         description="User message formatted from the row's columns, e.g. '{instruction}'. "
@@ -311,6 +350,13 @@ class JobSpec(StrictModel):
         if self.prompt.system:
             raise ValueError("task embed embeds text as it is: prompt.system (a chat message) does not apply; "
                              "put any prefix into prompt.template")
+        return self
+
+    @model_validator(mode="after")
+    def _image_column(self) -> "JobSpec":
+        if self.prompt.image_column and not self.prompt.template:
+            raise ValueError("prompt.image_column places an image beside prompt.template's text; set "
+                             "prompt.template too (rows with their own messages carry image_url parts)")
         return self
 
     @model_validator(mode="after")

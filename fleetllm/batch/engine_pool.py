@@ -40,6 +40,7 @@ class EnginePool:
     max_retries: int = 2
     task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
     rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
+    images: dict[str, Any] | None = None  # image limits (fleetllm.engines.images.ImageLimits) of a generate job
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -56,6 +57,10 @@ class EnginePool:
         rows per tokenize task (None: a whole block)."""
         from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
+        from fleetllm.batch.image_stage import add_images, image_stage_kwargs
+
+        if self.images is not None and self.task == "generate":  # images fetched ahead of the replicas
+            ds = ds.map_batches(add_images, **image_stage_kwargs(self.images, tokenize_batch_size))
         tokenize = self.tokenize_stage_kwargs(tokenize_batch_size)
         if tokenize is not None:
             ds = ds.map_batches(add_prompt_token_ids, **tokenize)

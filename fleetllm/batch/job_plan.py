@@ -181,6 +181,11 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if planned_now:
             columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    if spec.model.lora_adapters:  # resolved to local folders; the engine loads them (and they fingerprint the job)
+        from fleetllm import adapters
+
+        engine_kwargs["lora_adapters"] = (dict(spec.model.lora_adapters) if dry_run
+                                          else adapters.resolve_all(spec.model.lora_adapters))
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
@@ -308,4 +313,5 @@ def engine_pool(plan: JobPlan) -> EnginePool:
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
                       max_retries=spec.compute.max_retries, task=plan.task,
-                      rows_in_flight=max(1, rows_in_flight))
+                      rows_in_flight=max(1, rows_in_flight),
+                      images=spec.prompt.images.limits(local_files=True).as_dict())

@@ -144,6 +144,10 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
         wait_for_engine_core()
         rows = [preprocessor(r) for r in read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
         table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
+        if pool.images is not None and pool.task == "generate":  # images fetched here, off the engine's path
+            from fleetllm.batch.image_stage import add_images
+
+            table = add_images(table, pool.images)
         if tokenize is not None:
             from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 

@@ -72,7 +72,8 @@ def prompt_text(row: dict[str, Any]) -> str:
     text = row.get("_messages")
     if text is None:
         text = row.get("prompt")
-    return text if isinstance(text, str) else ""
+    text = text if isinstance(text, str) else ""
+    return f"{row['_adapter']}\x00{text}" if row.get("_adapter") else text  # rows of one adapter together
 
 
 def common_prefix_len(texts: list[str]) -> int:

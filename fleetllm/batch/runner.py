@@ -220,4 +220,5 @@ def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None 
 
         return EmbedPreprocessor(spec.prompt.template, spec.input.id_column)
     return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, sampling,
-                                spec.input.id_column)
+                                spec.input.id_column, spec.prompt.image_column, spec.model.adapter_column,
+                                tuple(spec.model.lora_adapters))

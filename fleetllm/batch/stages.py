@@ -20,7 +20,8 @@ from fleetllm.structured import StructuredOutput
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
 # Columns the job runner uses internally and drops before writing.
 INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_replica", "_ready", "_started", "_finished", "_input_error",
-                    "_raw", "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens")
+                    "_raw", "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens",
+                    "_images", "_adapter")
 # The output columns' types: shards whose rows all lack a value (a null column) still share one schema.
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
                 "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
@@ -33,11 +34,15 @@ class TemplatePreprocessor:
     """Build `messages` and `sampling_params` for a row from the job's prompt spec."""
 
     def __init__(self, system: str | None, template: str | None, sampling: dict[str, Any],
-                 id_column: str | None = None) -> None:
+                 id_column: str | None = None, image_column: str | None = None,
+                 adapter_column: str | None = None, adapters: tuple[str, ...] = ()) -> None:
         self.system = system
         self.template = template
         self.sampling_json = json.dumps(sampling)
         self.id_column = id_column
+        self.image_column = image_column
+        self.adapter_column = adapter_column
+        self.adapters = tuple(adapters)
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
@@ -49,8 +54,13 @@ class TemplatePreprocessor:
         if row["error"] is not None:
             return row
         try:
+            if self.adapter_column:
+                row["_adapter"] = row_adapter(row.get(self.adapter_column), self.adapter_column, self.adapters)
             if self.template is not None:
                 messages = [{"role": "user", "content": render_template(self.template, row)}]
+                if self.image_column and row.get(self.image_column) is not None:
+                    messages[0]["content"] = [image_part(row[self.image_column], self.image_column),
+                                              {"type": "text", "text": messages[0]["content"]}]
             elif row.get("messages") is not None:
                 messages = checked_messages(row["messages"])
             elif row.get("prompt") is not None:
@@ -78,6 +88,33 @@ class TemplatePreprocessor:
                 return str(value)
         line = row.get("_source_line", row["_line"])  # a grouped shard's row: its line in its own file
         return f"{row.get('_file', '')}:{line}" if "_file" in row else str(line)
+
+
+def row_adapter(value: Any, column: str, adapters: tuple[str, ...]) -> str | None:
+    """A row's LoRA adapter from its adapter column (None/empty: the base model); FleetError when unknown."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if str(value) not in adapters:
+        raise FleetError(f"column {column!r} names LoRA adapter {value!r}, which is not in model.lora_adapters "
+                         f"{sorted(adapters)}; fix the value or add the adapter (empty means the base model)")
+    return str(value)
+
+
+def image_part(value: Any, column: str) -> dict[str, Any]:
+    """An image_url content part from an image column's value: bytes (sent as a data: URL), or text naming
+    the image (a local path, an object-store URL, an https:// or data: URL)."""
+    import base64
+
+    if isinstance(value, dict) and "bytes" in value:  # Hugging Face datasets' Image feature
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        url = "data:image;base64," + base64.b64encode(bytes(value)).decode("ascii")
+    elif isinstance(value, str) and value.strip():
+        url = value.strip()
+    else:
+        raise FleetError(f"column {column!r} (prompt.image_column) holds {type(value).__name__}, not image bytes, a "
+                         "path or a URL")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def table_from_rows(rows: list[dict[str, Any]]):
@@ -150,7 +187,8 @@ def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] |
     prompt = row.get("prompt") if messages is None else None
     return GenerationRequest(messages=messages, prompt=prompt, sampling=dict(sampling),
                              chat_template_kwargs=dict(chat_template_kwargs or {}),
-                             request_id=str(row.get("row_id", "")), prompt_token_ids=row.get("_prompt_token_ids"))
+                             request_id=str(row.get("row_id", "")), prompt_token_ids=row.get("_prompt_token_ids"),
+                             images=row.get("_images") or None, adapter=row.get("_adapter") or None)
 
 
 def generate_with_retries(engine_generate: Callable[[list[GenerationRequest]], list[GenerationResult]],
@@ -280,6 +318,8 @@ class EngineStage:
                 todo.append(i)
             except (FleetError, ValueError, TypeError) as exc:
                 row["error"] = f"invalid row: {exc}"
+        order = sorted(range(len(requests)), key=lambda k: requests[k].adapter or "")  # rows of one adapter together
+        todo, requests = [todo[k] for k in order], [requests[k] for k in order]
         results, attempts = generate_with_retries(self.engine.generate, requests, self.max_retries)
         finished = time.time()
         n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])

@@ -34,6 +34,10 @@ class GenerationRequest:
     # At most one structured-output constraint (fleetllm.structured). `response_format` or
     # `structured_outputs` given in `sampling` move here, so engines never see them as sampling keys.
     structured: StructuredOutput | None = None
+    # The bytes of the messages' images, in order of their image parts (fleetllm.engines.images.load_images
+    # has replaced each part's URL by image:N), and the LoRA adapter that serves the request (None: the base).
+    images: list[bytes] | None = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:

@@ -20,13 +20,15 @@ from fleetllm.engines.base import (
     StreamDelta,
     clean_sampling,
 )
+from fleetllm.engines import transformers_vision
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
+from fleetllm.engines.transformers_adapters import adapter_names, check_adapter
 from fleetllm.engines.fields import output_budget
 from fleetllm.errors import EngineError, RowError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
 OWN_KWARGS = ("dtype", "device", "max_model_len", "num_threads", "max_batch_tokens", "max_batch_size", "batch_wait_s",
-              "load_format")
+              "load_format", "lora_adapters")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: random weights of the config's shape, as vLLM's load_format dummy
 # sampling keys mapped onto generate() arguments as they are (the fields this engine honours:
 # fleetllm.engines.fields; the others are mapped in `generate_kwargs`).
@@ -53,28 +55,41 @@ class TransformersEngine(Engine):
         load_format = own.get("load_format", "auto")
         if load_format not in LOAD_FORMATS:
             raise EngineError(f"engine_kwargs.load_format {load_format!r} is not one of {LOAD_FORMATS}")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
-            if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
-                from transformers import AutoConfig
+        from transformers import AutoConfig
 
-                config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
-                with torch.device(device):
-                    self.model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        from fleetllm.engines import transformers_vision as vision
+        from fleetllm.engines.transformers_adapters import load_adapters
+
+        remote = kwargs.get("trust_remote_code", False)
+        try:
+            config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=remote)
+            self.processor = vision.load_processor(self.model_path, remote) if vision.is_vision_config(config) else None
+            if self.processor is not None:  # a vision-language model: its processor and image-text-to-text class
+                from transformers import AutoModelForImageTextToText as model_class
             else:
-                self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **kwargs).to(device)
+                model_class = AutoModelForCausalLM
+            self.tokenizer = (self.processor.tokenizer if self.processor is not None
+                              else AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=remote))
+            if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
+                with torch.device(device):
+                    self.model = model_class.from_config(config, dtype=dtype)
+            else:
+                self.model = model_class.from_pretrained(self.model_path, dtype=dtype, **kwargs).to(device)
         except (OSError, ValueError) as exc:
             raise EngineError(f"transformers could not load {self.model_path!r}: {exc}") from exc
+        self.adapters = dict(own.get("lora_adapters") or {})
+        self.model = load_adapters(self.model, self.adapters)
         self.model.eval()
         self.device = device
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        context = getattr(self.model.config, "max_position_embeddings", None) or 2048
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        context = getattr(text_config, "max_position_embeddings", None) or 2048
         self._max_model_len = int(own.get("max_model_len") or context)
         self.torch = torch  # the torch module (imported here, not at import time)
         self.generate_lock = threading.Lock()  # one generate() on the model at a time
-        self._vocab_size = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+        self._vocab_size = int(getattr(text_config, "vocab_size", 0) or len(self.tokenizer))
         self.chars_per_token = max_chars_per_token(self.tokenizer)
 
     @property
@@ -121,6 +136,17 @@ class TransformersEngine(Engine):
         return self._batcher
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
+        if request.images or request.adapter:  # the batch path (processor inputs, peft adapter names), whole
+            import asyncio
+
+            result = (await asyncio.to_thread(self.generate, [request]))[0]
+            if result.error:
+                raise RowError(result.error)
+            for c in result.completions:
+                yield StreamDelta(index=c.index, text=c.text, num_generated_tokens=c.num_generated_tokens,
+                                  finish_reason=c.finish_reason, num_input_tokens=result.num_input_tokens,
+                                  logprobs=c.logprobs)
+            return
         async for delta in self.batcher.stream(request):
             yield delta
 
@@ -143,6 +169,12 @@ class TransformersEngine(Engine):
     # --- batch generation -------------------------------------------------------------------
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
+        check_adapter(request.adapter, self.adapters)
+        if request.images:
+            if self.processor is None:
+                raise RowError(f"the prompt has {len(request.images)} image(s) but {self.model_path!r} reads text only "
+                               "(no vision tower in its config); use a vision-language model or remove the images")
+            return transformers_vision.prompt_ids(self.processor, request, self.chat_template_kwargs)[1]
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
@@ -196,8 +228,9 @@ class TransformersEngine(Engine):
                 results[i] = GenerationResult.failed(str(exc), num_input_tokens=len(ids))
                 continue
             key = tuple(sorted((k, repr(v)) for k, v in sampling.items() if k != "max_tokens"))
-            # rows with different constraints share a batch: each row follows its own grammar
-            groups.setdefault(key, []).append((i, ids, sampling, grammar))
+            # rows with different constraints (or adapters) share a batch: each row follows its own;
+            # rows with images are batched apart (the processor builds their inputs)
+            groups.setdefault((*key, bool(req.images)), []).append((i, ids, sampling, grammar, req))
         with self.generate_lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
@@ -227,9 +260,9 @@ class TransformersEngine(Engine):
         sampling = chunk[0][2]
         n = int(sampling.get("n", 1))
         # each row keeps its own max_tokens, capped so prompt+output fits the context
-        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s, _ in chunk]
+        limits = [min(s["max_tokens"], self._max_model_len - len(ids)) for _, ids, s, *_ in chunk]
         max_new = max(limits)
-        batch = tok.pad({"input_ids": [ids for _, ids, _, _ in chunk]}, return_tensors="pt").to(self.device)
+        batch = self._batch_inputs(chunk)
         temperature = float(sampling.get("temperature", 0.0))
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new,
@@ -246,7 +279,9 @@ class TransformersEngine(Engine):
         if sampling.get("stop"):
             gen_kwargs.update(stop_strings=list(sampling["stop"]), tokenizer=tok)
         gen_kwargs.update(self.generate_kwargs(sampling, batch["input_ids"].shape[1]))
-        grammars = [g for *_, g in chunk for _ in range(n)]  # generate repeats each row n times, in place
+        grammars = [m[3] for m in chunk for _ in range(n)]  # generate repeats each row n times, in place
+        if self.adapters:  # peft's mixed-adapter batch: one adapter name per output row
+            gen_kwargs["adapter_names"] = adapter_names([m[4].adapter for m in chunk], n)
         if any(g is not None for g in grammars):
             from fleetllm.engines.grammar import GrammarLogitsProcessor
 
@@ -263,7 +298,7 @@ class TransformersEngine(Engine):
             out = self.model.generate(**batch, **gen_kwargs)
         sequences = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
         results = []
-        for row, (_, ids, row_sampling, _) in enumerate(chunk):
+        for row, (_, ids, row_sampling, *_) in enumerate(chunk):
             completions = []
             for j in range(n):
                 tokens = sequences[row * n + j]
@@ -272,6 +307,13 @@ class TransformersEngine(Engine):
                                                     row * n + j))
             results.append(GenerationResult(completions=completions, num_input_tokens=len(ids)))
         return results
+
+    def _batch_inputs(self, chunk):
+        """The padded model inputs of a chunk: token ids, or for rows with images the processor's batch."""
+        if not chunk[0][4].images:
+            return self.tokenizer.pad({"input_ids": [m[1] for m in chunk]}, return_tensors="pt").to(self.device)
+        texts = [transformers_vision.render(self.processor, m[4], self.chat_template_kwargs) for m in chunk]
+        return transformers_vision.inputs(self.processor, texts, [m[4].images for m in chunk]).to(self.device)
 
     def eos_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id

@@ -99,7 +99,10 @@ class VLLMEngine(Engine):
         """The AsyncEngineArgs this engine starts vLLM with: the user's engine_kwargs plus defaults."""
         from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
 
+        from fleetllm.engines.vllm_inputs import lora_kwargs
+
         kwargs = dict(self.engine_kwargs)
+        kwargs.update(lora_kwargs(kwargs.pop("lora_adapters", None) or {}, kwargs))
         kwargs.setdefault("disable_log_stats", True)
         if self.rows_in_flight:
             world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
@@ -134,7 +137,10 @@ class VLLMEngine(Engine):
         if unknown:
             raise EngineError(f"engine_kwargs {unknown} are not vLLM engine arguments; check the spelling "
                               "(see `vllm serve --help` for the list)")
+        from fleetllm.engines.vllm_inputs import LoraRequests
+
         self._sampling_cls = SamplingParams
+        self.loras = LoraRequests(self.engine_kwargs.get("lora_adapters") or {})
         self._loop = LoopThread("fleetllm-vllm")
 
         from vllm.usage.usage_lib import UsageContext
@@ -248,7 +254,21 @@ class VLLMEngine(Engine):
         except Exception as exc:  # vLLM validates values (n>1 with greedy, negative top_p, ...)
             raise RowError(f"invalid sampling options {clean_sampling(sampling)}: {exc}") from None
 
-    def _prepare(self, request: GenerationRequest, delta: bool = False) -> tuple[list[int], Any]:
+    def _prepare(self, request: GenerationRequest, delta: bool = False) -> tuple[dict[str, Any], Any, Any]:
+        """(vLLM's prompt, SamplingParams, LoRARequest or None); RowError when the request cannot be served."""
+        lora = self.loras.get(request.adapter)
+        if request.images:
+            from fleetllm.engines.vllm_inputs import image_prompt
+
+            prompt = image_prompt(self.model_path, request, self.chat_template_kwargs,
+                                  bool(self.engine_kwargs.get("trust_remote_code")))
+            # vLLM expands the image tokens and checks the length; the text's ids bound max_tokens here
+            ids = self.tokenizer(prompt["prompt"], add_special_tokens=False)["input_ids"]
+            return prompt, self.sampling_params(request.sampling, len(ids), delta, request.structured), lora
+        ids, params = self._prepare_ids(request, delta)
+        return {"prompt_token_ids": ids}, params, lora
+
+    def _prepare_ids(self, request: GenerationRequest, delta: bool = False) -> tuple[list[int], Any]:
         self.check_sampling({k: to_plain(v) for k, v in clean_sampling(request.sampling).items()})
         if request.prompt_token_ids is None:
             check_prompt_chars(request, self._max_model_len, self.chars_per_token)
@@ -280,10 +300,12 @@ class VLLMEngine(Engine):
     def _request_id(self, request: GenerationRequest) -> str:
         return f"{request.request_id or 'row'}-{self._id_prefix}-{next(self._id_counter)}"
 
-    async def _generate_one(self, ids: list[int], params: Any, request_id: str) -> GenerationResult:
+    async def _generate_one(self, prompt: dict[str, Any], params: Any, request_id: str,
+                            lora: Any = None) -> GenerationResult:
         final = None
+        ids = prompt.get("prompt_token_ids") or []
         try:
-            async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+            async for out in self._llm.generate(prompt, params, request_id, lora_request=lora):
                 final = out
         except Exception as exc:
             failure = self._failure(exc)
@@ -292,6 +314,7 @@ class VLLMEngine(Engine):
             return GenerationResult.failed(str(failure), num_input_tokens=len(ids))
         if final is None:
             return GenerationResult.failed("vLLM returned no output", num_input_tokens=len(ids))
+        ids = final.prompt_token_ids or ids  # with images: the prompt as vLLM expanded it
         completions: list[Completion] = []
         for out in sorted(final.outputs, key=lambda c: c.index):
             completion = completion_from_output(out, params.logprobs)
@@ -311,11 +334,11 @@ class VLLMEngine(Engine):
         started: list[Any] = []
         for req in requests:
             try:
-                ids, params = self._prepare(req)
+                prompt, params, lora = self._prepare(req)
             except RowError as exc:
                 started.append(GenerationResult.failed(str(exc)))
                 continue
-            started.append(self._submit(self._generate_one(ids, params, self._request_id(req))))
+            started.append(self._submit(self._generate_one(prompt, params, self._request_id(req), lora)))
         return started
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -337,10 +360,10 @@ class VLLMEngine(Engine):
         """
         if self._llm is None:
             raise EngineError("the vLLM engine is not started; call start() first")
-        if prompt_chars(request) > OFFLOAD_CHARS:  # template and tokenize a long prompt off the event loop
-            ids, params = await asyncio.to_thread(self._prepare, request, True)
+        if prompt_chars(request) > OFFLOAD_CHARS or request.images:  # long prompts, images: off the event loop
+            prompt, params, lora = await asyncio.to_thread(self._prepare, request, True)
         else:
-            ids, params = self._prepare(request, delta=True)
+            prompt, params, lora = self._prepare(request, delta=True)
         caller = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -348,7 +371,7 @@ class VLLMEngine(Engine):
 
         async def pump() -> None:  # runs on the engine's loop
             try:
-                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                async for out in self._llm.generate(prompt, params, request_id, lora_request=lora):
                     caller.call_soon_threadsafe(queue.put_nowait, out)
                 caller.call_soon_threadsafe(queue.put_nowait, done)
             except asyncio.CancelledError:
@@ -372,7 +395,7 @@ class VLLMEngine(Engine):
                         raise RowError(f"vLLM ended the request ({out.finish_reason})")
                     yield StreamDelta(
                         index=out.index, text=out.text, num_generated_tokens=counts[out.index],
-                        finish_reason=finish, num_input_tokens=len(ids),
+                        finish_reason=finish, num_input_tokens=len(item.prompt_token_ids or prompt.get("prompt_token_ids") or []),
                         logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
                         num_cached_tokens=item.num_cached_tokens,
                     )

@@ -136,7 +136,9 @@ class TransformersEngine(Engine):
         return self._batcher
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
-        if request.images or request.adapter:  # the batch path (processor inputs, peft adapter names), whole
+        # images (processor inputs) and models with adapters (peft's adapter_names, also __base__ for the base
+        # model: peft applies its active adapter otherwise) take the batch path, streamed whole
+        if request.images or self.adapters:
             import asyncio
 
             result = (await asyncio.to_thread(self.generate, [request]))[0]

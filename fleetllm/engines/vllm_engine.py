@@ -139,8 +139,7 @@ class VLLMEngine(Engine):
                               "(see `vllm serve --help` for the list)")
         from fleetllm.engines.vllm_inputs import LoraRequests
 
-        self._sampling_cls = SamplingParams
-        self.loras = LoraRequests(self.engine_kwargs.get("lora_adapters") or {})
+        self._sampling_cls, self.loras = SamplingParams, LoraRequests(self.engine_kwargs.get("lora_adapters") or {})
         self._loop = LoopThread("fleetllm-vllm")
 
         from vllm.usage.usage_lib import UsageContext
@@ -255,14 +254,11 @@ class VLLMEngine(Engine):
             raise RowError(f"invalid sampling options {clean_sampling(sampling)}: {exc}") from None
 
     def _prepare(self, request: GenerationRequest, delta: bool = False) -> tuple[dict[str, Any], Any, Any]:
-        """(vLLM's prompt, SamplingParams, LoRARequest or None); RowError when the request cannot be served."""
         lora = self.loras.get(request.adapter)
-        if request.images:
+        if request.images:  # vLLM expands the image tokens and checks the length; the text's ids bound max_tokens
             from fleetllm.engines.vllm_inputs import image_prompt
 
-            prompt = image_prompt(self.model_path, request, self.chat_template_kwargs,
-                                  bool(self.engine_kwargs.get("trust_remote_code")))
-            # vLLM expands the image tokens and checks the length; the text's ids bound max_tokens here
+            prompt = image_prompt(self.model_path, request, self.chat_template_kwargs, self.engine_kwargs)
             ids = self.tokenizer(prompt["prompt"], add_special_tokens=False)["input_ids"]
             return prompt, self.sampling_params(request.sampling, len(ids), delta, request.structured), lora
         ids, params = self._prepare_ids(request, delta)
@@ -303,7 +299,7 @@ class VLLMEngine(Engine):
     async def _generate_one(self, prompt: dict[str, Any], params: Any, request_id: str,
                             lora: Any = None) -> GenerationResult:
         final = None
-        ids = prompt.get("prompt_token_ids") or []
+        ids = prompt.get("prompt_token_ids") or []  # with images: vLLM's expanded prompt, below
         try:
             async for out in self._llm.generate(prompt, params, request_id, lora_request=lora):
                 final = out
@@ -314,7 +310,7 @@ class VLLMEngine(Engine):
             return GenerationResult.failed(str(failure), num_input_tokens=len(ids))
         if final is None:
             return GenerationResult.failed("vLLM returned no output", num_input_tokens=len(ids))
-        ids = final.prompt_token_ids or ids  # with images: the prompt as vLLM expanded it
+        ids = final.prompt_token_ids or ids
         completions: list[Completion] = []
         for out in sorted(final.outputs, key=lambda c: c.index):
             completion = completion_from_output(out, params.logprobs)

@@ -63,13 +63,13 @@ def load_processor(model_path: str, trust_remote_code: bool = False):
 
 
 def image_prompt(model_path: str, request: GenerationRequest, chat_template_kwargs: dict[str, Any],
-                 trust_remote_code: bool = False) -> dict[str, Any]:
+                 engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     """vLLM's prompt for a request with images: the processor's chat template text and the decoded images."""
     from fleetllm.engines.images import decode
     from fleetllm.engines.transformers_vision import render
 
     try:
-        processor = load_processor(model_path, trust_remote_code)
+        processor = load_processor(model_path, bool(engine_kwargs.get("trust_remote_code")))
     except (OSError, ValueError) as exc:
         raise RowError(f"the prompt has images but {model_path!r} has no processor to place them ({exc}); "
                        "use a vision-language model or remove the images") from None

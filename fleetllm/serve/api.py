@@ -83,20 +83,27 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             message, param = validation_message(exc.errors())
             raise APIError(400, message, param=param) from None
 
+    adapters = adapter_ids(backends)  # LoRA adapter model ids -> (base model id, adapter name)
+
     def pick(model: str | None) -> tuple[str, Backend]:
         if model is None:
             if len(backends) == 1:
                 return next(iter(backends.items()))
             raise APIError(400, f"`model` is required; this server serves {sorted(backends)}", param="model")
+        if model in adapters:
+            return model, backends[adapters[model][0]]
         if model not in backends:
-            raise APIError(404, f"model {model!r} does not exist; this server serves {sorted(backends)}",
-                           type="not_found_error", param="model", code="model_not_found")
+            raise APIError(404, f"model {model!r} does not exist; this server serves "
+                           f"{sorted([*backends, *adapters])}", type="not_found_error", param="model",
+                           code="model_not_found")
         return model, backends[model]
 
     @app.get("/v1/models")
     async def list_models(request: Request):
         check_key(request)
         cards = [ModelCard(id=m, max_model_len=b.max_model_len) for m, b in backends.items()]
+        cards += [ModelCard(id=m, max_model_len=backends[base].max_model_len, parent=base)
+                  for m, (base, _) in adapters.items() if ":" not in m]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.get("/health")
@@ -169,6 +176,8 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             check_task(model_label, backend, "generate",
                        "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
             payload = build_payload(req, endpoint)
+            if model_label in adapters:
+                payload["adapter"] = adapters[model_label][1]
             return await run(req, endpoint, model_label, backend, payload)
         except APIError as exc:
             metrics.requests.labels(model_label, endpoint, str(exc.status)).inc()
@@ -254,6 +263,18 @@ async def _healthy(backend: Backend) -> bool:
 
 def _event(model) -> str:
     return f"data: {model.model_dump_json(exclude_none=True)}\n\n"
+
+
+def adapter_ids(backends: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The model ids of the backends' LoRA adapters: each adapter's name (vLLM's --lora-modules convention)
+    and `<model_id>:<name>` (Ray Serve LLM's multiplexing), mapped to (base model id, adapter name)."""
+    ids: dict[str, tuple[str, str]] = {}
+    for base, backend in backends.items():
+        for name in getattr(backend, "adapters", ()) or ():
+            ids[f"{base}:{name}"] = (base, name)
+            if name not in backends:
+                ids.setdefault(name, (base, name))
+    return ids
 
 
 def build_payload(req, endpoint: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def _deployments():
 
         def info(self) -> dict[str, Any]:
             return {"model_id": self.server.model_id, "max_model_len": self.server.max_model_len,
-                    "task": self.server.task}
+                    "task": self.server.task, "adapters": list(self.server.adapters)}
 
         def stats(self) -> dict[str, Any]:
             return self.server.stats()
@@ -74,6 +74,7 @@ def _deployments():
                 info = await handle.info.remote()
                 backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"),
                                                    info.get("task", "generate"))
+                backends[model_id].adapters = tuple(info.get("adapters") or ())
             return make_api(backends, api_key=self.api_key)
 
     return LLMServer, OpenAIIngress

@@ -50,6 +50,17 @@ def error_item(status: int, message: str, code: str | None = None, param: str | 
     return {"error": {"status": status, "message": message, "code": code, "param": param}}
 
 
+async def served_images(messages: Any) -> tuple[Any, list[bytes]]:
+    """A chat request's messages with their image parts fetched and checked (in a thread: fetching waits on
+    the network), and the images' bytes; RowError naming the part. Served models fetch https:// and data:
+    URLs only (no local files), public addresses only."""
+    from fleetllm.engines.images import ImageLimits, image_parts, load_images
+
+    if not messages or not image_parts(messages):
+        return messages, []
+    return await asyncio.to_thread(load_images, messages, ImageLimits())
+
+
 class ModelServer:
     """Loads one model's engine and streams its deltas as lists of dicts."""
 
@@ -64,6 +75,10 @@ class ModelServer:
             self.task = config.task if config.task != "auto" else models.model_task(resolved)
             name = config.resolved_engine()
             kwargs = dict(config.engine_kwargs)
+            if config.lora_adapters:
+                from fleetllm.adapters import resolve_all
+
+                kwargs["lora_adapters"] = resolve_all(config.lora_adapters)
             if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
@@ -74,6 +89,7 @@ class ModelServer:
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
         self.engine = engine
+        self.adapters = tuple(config.lora_adapters)  # served as model ids of their own
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
@@ -136,12 +152,14 @@ class ModelServer:
             yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
             return
         try:
-            request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
+            messages, images = await served_images(payload.get("messages"))
+            request = GenerationRequest(messages=messages, prompt=payload.get("prompt"),
                                         sampling=payload.get("sampling") or {},
                                         chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                        request_id=payload.get("request_id", ""))
+                                        request_id=payload.get("request_id", ""), images=images or None,
+                                        adapter=payload.get("adapter"))
         except RowError as exc:
-            yield [error_item(400, str(exc))]
+            yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
             return
         self.ongoing += 1
         buf: list[dict[str, Any]] = []
@@ -208,6 +226,7 @@ class LocalBackend:
         self.server = server
         self.model_id = server.model_id
         self.task = server.task
+        self.adapters = server.adapters
         self.capacity = max_ongoing_requests + max_queued_requests
         self.retry_after_s = retry_after_s
         self.admitted = 0

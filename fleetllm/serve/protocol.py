@@ -145,6 +145,9 @@ class ChatMessage(BaseModel):
         from fleetllm.errors import RowError
 
         where = f"messages[{index}].content"
+        if isinstance(self.content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+                                                  for p in self.content):
+            return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
         try:
             content = text_content(self.content, where)
         except RowError as exc:
@@ -269,6 +272,7 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=_now)
     owned_by: str = "fleetllm"
     max_model_len: int | None = None
+    parent: str | None = None  # a LoRA adapter's base model id (vLLM's --lora-modules cards)
 
 
 class ModelList(BaseModel):

@@ -64,10 +64,23 @@ class ServedEngineSpec(StrictModel):
         "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model); on a "
         "GPU replica 6,000 on the direct path (what the HTTP proxy carries) and 2,000 behind the separate ingress.",
     )
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters served over this model, {name: source} (a local folder, an "
+        "object-store URL or a hub id of a peft adapter); each is a model id of its own in /v1/models, also "
+        "reachable as `<model_id>:<name>`.")
     routing: Literal["power_of_two", "prefix_affinity"] = Field(
         "power_of_two", description="How requests pick a replica: power_of_two (Ray Serve's default: the less "
         "loaded of two) or prefix_affinity (requests sharing a prompt prefix go to the replica that cached it, "
         "Ray Serve LLM's PrefixCacheAffinityRouter; for several replicas serving conversations or few-shot prompts).")
+
+
+    @field_validator("lora_adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict[str, str]) -> dict[str, str]:
+        from fleetllm.adapters import check_names
+
+        check_names(value)
+        return value
 
 
 class ServeModelSpec(ServedEngineSpec):

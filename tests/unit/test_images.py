@@ -1,0 +1,83 @@
+"""fleetllm.engines.images: image parts fetched and checked, each failure naming the part and the limit."""
+
+import base64
+import io
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from fleetllm.engines.images import ImageLimits, load_images
+from fleetllm.errors import RowError
+
+
+def png(size=(20, 10)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, (0, 128, 0)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def msg(*urls, text="What is it?"):
+    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def data(raw: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def test_data_urls_load_and_parts_keep_their_place():
+    messages, images = load_images(msg(data(png()), data(png((5, 5)))), ImageLimits())
+    assert images == [png(), png((5, 5))]
+    assert [p["image_url"]["url"] for p in messages[1]["content"][:2]] == ["image:0", "image:1"]
+    assert messages[1]["content"][2] == {"type": "text", "text": "What is it?"}
+
+
+@pytest.mark.parametrize("urls, limits, expected", [
+    ([data(png())] * 3, ImageLimits(max_images=2), "3 images, more than the limit of 2"),
+    ([data(png((300, 300)))], ImageLimits(max_pixels=10_000), r"messages\[1\].content\[0\]: the image is 300x300"),
+    ([data(png())], ImageLimits(max_bytes=10), "more than 10 bytes"),
+    (["data:image/png;base64,bm90IGFuIGltYWdl"], ImageLimits(), "not an image Pillow can read"),
+    (["data:image/png;base64,%%%"], ImageLimits(), "not valid base64"),
+    (["http://127.0.0.1:9/x.png"], ImageLimits(), "private address .*allow_private_urls"),
+    (["http://10.1.2.3/x.png"], ImageLimits(), "private address"),
+    (["/etc/hostname"], ImageLimits(), "scheme 'none' is not accepted"),
+    (["s3://bucket/x.png"], ImageLimits(), "scheme 's3' is not accepted"),
+])
+def test_refusals_name_the_part_and_the_limit(urls, limits, expected):
+    with pytest.raises(RowError, match=expected):
+        load_images(msg(*urls), limits)
+
+
+def test_local_files_only_where_allowed(tmp_path):
+    (tmp_path / "a.png").write_bytes(png())
+    _, images = load_images(msg(str(tmp_path / "a.png")), ImageLimits(local_files=True))
+    assert images == [png()]
+
+
+class Slow(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        if self.path == "/slow.png":
+            time.sleep(2)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(png())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_http_fetch_with_timeout_when_private_addresses_are_allowed():
+    server = HTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        limits = ImageLimits(allow_private_urls=True, fetch_timeout_s=0.5)
+        assert load_images(msg(f"{base}/ok.png"), limits)[1] == [png()]
+        with pytest.raises(RowError, match=r"took more than 0.5 s \(fetch_timeout_s\)"):
+            load_images(msg(f"{base}/slow.png"), limits)
+    finally:
+        server.shutdown()

@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from fleetllm.engines.images import image_parts
 from fleetllm.errors import FleetError, validation_problems
 
 CHAT_URL = "/v1/chat/completions"
@@ -90,9 +91,10 @@ def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any], chat: boo
 class OpenAIBatchPreprocessor:
     """Turn a Batch API request line into `messages`/`prompt` + `sampling_params`, or an `error`."""
 
-    def __init__(self, defaults: dict[str, Any], task: str = "generate") -> None:
+    def __init__(self, defaults: dict[str, Any], task: str = "generate", adapters: tuple[str, ...] = ()) -> None:
         self.defaults = dict(defaults)  # the job's `sampling`: every line's defaults, its body overrides them
         self.task = task
+        self.adapters = tuple(adapters)  # model.lora_adapters: a line whose body.model names one uses it
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
@@ -111,7 +113,10 @@ class OpenAIBatchPreprocessor:
             if row["url"] == EMBEDDINGS_URL:
                 row["_embed_inputs"], row["_embed_dimensions"] = embeddings_inputs(body)
                 return row
-            if row["url"] == CHAT_URL:
+            row["_adapter"] = line_adapter(body.get("model"), self.adapters)
+            if row["url"] == CHAT_URL and image_parts(body["messages"]):  # the image stage fetches them
+                row["_messages"] = json.dumps(body["messages"], ensure_ascii=False)
+            elif row["url"] == CHAT_URL:
                 from fleetllm.engines.chat import text_content  # text parts joined; other parts refused
 
                 row["messages"] = [{**m, "content": text_content(m.get("content"), f"body.messages[{i}].content")}
@@ -138,6 +143,19 @@ class OpenAIBatchPreprocessor:
             raise ValueError("body.messages is missing or empty")
         if row["url"] == COMPLETIONS_URL and not body.get("prompt"):
             raise ValueError("body.prompt is missing or empty")
+
+
+def line_adapter(model: Any, adapters: tuple[str, ...]) -> str | None:
+    """The LoRA adapter a line's body.model names (`name` or `base:name`), else None (the base model)."""
+    if not adapters or not isinstance(model, str):
+        return None
+    name = model.rpartition(":")[2]
+    if name in adapters:
+        return name
+    if ":" in model:
+        raise ValueError(f"body.model {model!r} names LoRA adapter {name!r}, which is not in model.lora_adapters "
+                         f"{sorted(adapters)}")
+    return None
 
 
 def embeddings_inputs(body: dict[str, Any]) -> tuple[str, int | None]:

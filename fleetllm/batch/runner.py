@@ -214,7 +214,7 @@ def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None 
     if spec.input.format == "openai_batch":
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(sampling, task)
+        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters))
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 

@@ -81,3 +81,22 @@ def test_http_fetch_with_timeout_when_private_addresses_are_allowed():
             load_images(msg(f"{base}/slow.png"), limits)
     finally:
         server.shutdown()
+
+
+def test_openai_batch_lines_name_adapters_and_keep_image_parts():
+    import json as _json
+
+    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+
+    pre = OpenAIBatchPreprocessor({}, "generate", ("a0", "a1"))
+
+    def line(model, content="Hi"):
+        body = {"model": model, "messages": [{"role": "user", "content": content}]}
+        return pre({"_line": 0, "custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+                    "body": _json.dumps(body)})
+
+    assert line("a1")["_adapter"] == "a1" and line("base:a0")["_adapter"] == "a0"
+    assert line("smollm2")["_adapter"] is None and line("smollm2")["error"] is None
+    assert "not in model.lora_adapters" in line("smollm2:zz")["error"]
+    row = line("smollm2", [{"type": "image_url", "image_url": {"url": data(png())}}, {"type": "text", "text": "?"}])
+    assert row["error"] is None and '"image_url"' in row["_messages"]

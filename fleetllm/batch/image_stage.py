@@ -23,13 +23,15 @@ def add_images(batch, limits: dict[str, Any]):
     from fleetllm.engines.images import ImageLimits, load_images
     from fleetllm.errors import RowError
 
-    if "_messages" not in batch.column_names:
+    if "_messages" not in batch.column_names and "messages" not in batch.column_names:
         return batch
-    texts = batch.column("_messages").to_pylist()
-    if not any(isinstance(t, str) and '"image_url"' in t for t in texts):
+    rows = batch.to_pylist()
+    for row in rows:  # the processor API's rows carry `messages` as they are: their JSON text, as the job's
+        if row.get("_messages") is None and isinstance(row.get("messages"), list):
+            row["_messages"] = json.dumps(row["messages"], ensure_ascii=False, default=str)
+    if not any(isinstance(r.get("_messages"), str) and '"image_url"' in r["_messages"] for r in rows):
         return batch
     image_limits = ImageLimits(**limits)
-    rows = batch.to_pylist()
     for row in rows:
         text = row.get("_messages")
         row[IMAGES_COLUMN] = None

@@ -53,6 +53,9 @@ class _ProcessorConfig(BaseModel):
     batches_in_flight: int | Literal["auto"] = Field(
         "auto", description="Batches a replica works on at once (vllm: auto keeps ~1024 rows in flight; transformers: 1).")
     max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters {name: source}; a row whose `model` column names one "
+        "runs on it (Ray Data LLM's convention), other rows on the base model.")
     engine: str = "transformers"
 
 
@@ -88,6 +91,7 @@ class Processor:
 
         from fleetllm import sizing
         from fleetllm.batch.engine_pool import EnginePool
+        from fleetllm.engines.images import ImageLimits
         from fleetllm.sizing import batches_in_flight
 
         c = self.config
@@ -95,8 +99,13 @@ class Processor:
             ray.init()
         plan = sizing.plan_replicas(c.engine, c.engine_kwargs, c.concurrency, c.cpus_per_replica,
                                     c.gpus_per_replica, sizing.cluster_resources())
-        return EnginePool(engine=c.engine, model_path=self.model_path,
-                          engine_kwargs=sizing.engine_kwargs_for(plan, c.engine_kwargs), replica_plan=plan,
+        engine_kwargs = sizing.engine_kwargs_for(plan, c.engine_kwargs)
+        if c.lora_adapters:
+            from fleetllm.adapters import resolve_all
+
+            engine_kwargs["lora_adapters"] = resolve_all(c.lora_adapters)
+        return EnginePool(engine=c.engine, model_path=self.model_path, images=ImageLimits(local_files=True).as_dict(),
+                          engine_kwargs=engine_kwargs, replica_plan=plan,
                           batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
                                                                                c.batches_in_flight),
                           chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries)
@@ -105,6 +114,9 @@ class Processor:
         if self.preprocess is not None:
             pre = self.preprocess
             ds = ds.map(lambda row: {**row, **pre(row)})
+        if self.config.lora_adapters:  # a row's `model` naming an adapter picks it
+            names = set(self.config.lora_adapters)
+            ds = ds.map(lambda row: {**row, "_adapter": row.get("model") if row.get("model") in names else None})
         ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
         post = self.postprocess
         return ds.map(lambda row: post(_drop_internal(row)) if post else _drop_internal(row))

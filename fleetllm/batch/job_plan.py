@@ -191,6 +191,9 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}
     if task == "embed":  # only then: fingerprints of generate jobs stay as they were
         prompt_parts["task"] = "embed"
+    for name, value in (("image_column", spec.prompt.image_column), ("adapter_column", spec.model.adapter_column)):
+        if value:  # only when set: fingerprints of other jobs stay as they were
+            prompt_parts[name] = value
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs,
         sampling=spec.sampling.as_params() if task == "generate" else {},

@@ -70,6 +70,13 @@ class JobPlan:
         return {"CPU": self.replica_plan.cpus_per_replica, "GPU": self.replica_plan.gpus_per_replica}
 
     @property
+    def reads_images(self) -> bool:
+        """Whether the model takes images: else image parts are refused as text-only, and none is fetched."""
+        from fleetllm.engines.images import config_reads_images
+
+        return self.engine != "openai" and config_reads_images(self.model.path)
+
+    @property
     def total_rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
@@ -317,4 +324,4 @@ def engine_pool(plan: JobPlan) -> EnginePool:
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
                       max_retries=spec.compute.max_retries, task=plan.task,
                       rows_in_flight=max(1, rows_in_flight),
-                      images=spec.prompt.images.limits(local_files=True).as_dict())
+                      images=spec.prompt.images.limits(local_files=True).as_dict() if plan.reads_images else None)

@@ -91,10 +91,12 @@ def sampling_from_body(body: dict[str, Any], defaults: dict[str, Any], chat: boo
 class OpenAIBatchPreprocessor:
     """Turn a Batch API request line into `messages`/`prompt` + `sampling_params`, or an `error`."""
 
-    def __init__(self, defaults: dict[str, Any], task: str = "generate", adapters: tuple[str, ...] = ()) -> None:
+    def __init__(self, defaults: dict[str, Any], task: str = "generate", adapters: tuple[str, ...] = (),
+                 images: bool = False) -> None:
         self.defaults = dict(defaults)  # the job's `sampling`: every line's defaults, its body overrides them
         self.task = task
         self.adapters = tuple(adapters)  # model.lora_adapters: a line whose body.model names one uses it
+        self.images = images  # the model reads images: image parts go to the image stage (else refused)
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
@@ -114,7 +116,7 @@ class OpenAIBatchPreprocessor:
                 row["_embed_inputs"], row["_embed_dimensions"] = embeddings_inputs(body)
                 return row
             row["_adapter"] = line_adapter(body.get("model"), self.adapters)
-            if row["url"] == CHAT_URL and image_parts(body["messages"]):  # the image stage fetches them
+            if row["url"] == CHAT_URL and self.images and image_parts(body["messages"]):  # the image stage fetches them
                 row["_messages"] = json.dumps(body["messages"], ensure_ascii=False)
             elif row["url"] == CHAT_URL:
                 from fleetllm.engines.chat import text_content  # text parts joined; other parts refused

@@ -91,7 +91,7 @@ class Processor:
 
         from fleetllm import sizing
         from fleetllm.batch.engine_pool import EnginePool
-        from fleetllm.engines.images import ImageLimits
+        from fleetllm.engines.images import ImageLimits, config_reads_images
         from fleetllm.sizing import batches_in_flight
 
         c = self.config
@@ -104,7 +104,8 @@ class Processor:
             from fleetllm.adapters import resolve_all
 
             engine_kwargs["lora_adapters"] = resolve_all(c.lora_adapters)
-        return EnginePool(engine=c.engine, model_path=self.model_path, images=ImageLimits(local_files=True).as_dict(),
+        images = ImageLimits(local_files=True).as_dict() if config_reads_images(self.model_path) else None
+        return EnginePool(engine=c.engine, model_path=self.model_path, images=images,
                           engine_kwargs=engine_kwargs, replica_plan=plan,
                           batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
                                                                                c.batches_in_flight),

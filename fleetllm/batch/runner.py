@@ -115,7 +115,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                   f"{plan.in_flight} batch(es) in flight each")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
-    preprocessor = make_preprocessor(spec, plan.task, plan.engine)
+    preprocessor = make_preprocessor(spec, plan.task, plan.engine, plan.reads_images)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     ready_at: list[float] = []
@@ -209,12 +209,13 @@ def endpoint_cause(exc: BaseException) -> str | None:
     return None
 
 
-def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None = None) -> Callable[[dict], dict]:
+def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None = None,
+                      reads_images: bool = False) -> Callable[[dict], dict]:
     sampling = spec.sampling.request_params(engine)
     if spec.input.format == "openai_batch":
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters))
+        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters), reads_images)
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 

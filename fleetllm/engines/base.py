@@ -199,6 +199,14 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def reads_images(self) -> bool:
+        """Whether the model takes images (image_url parts; its config has a vision tower); False: such parts
+        are refused as text-only."""
+        from fleetllm.engines.images import config_reads_images
+
+        return config_reads_images(self.model_path)
+
+    @property
     def vocab_size(self) -> int | None:
         """Size of the model's output vocabulary (bounds logit_bias ids and top_k); None when unknown."""
         return None

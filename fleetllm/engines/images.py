@@ -41,6 +41,20 @@ class ImageLimits:
         return asdict(self)
 
 
+def config_reads_images(model_path: str) -> bool:
+    """Whether a model folder's config has a vision tower (True where there is no config to read: a hub id)."""
+    import json
+    from pathlib import Path
+
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return True
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except ValueError:
+        return True
+
+
 def image_parts(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(where, part) of each image part, in order: where is `messages[i].content[j]`."""
     found = []

@@ -103,6 +103,10 @@ class TransformersEngine(Engine):
         return self._max_model_len
 
     @property
+    def reads_images(self) -> bool:
+        return getattr(self, "processor", None) is not None
+
+    @property
     def vocab_size(self) -> int | None:
         return getattr(self, "_vocab_size", None)
 

@@ -175,7 +175,7 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             model_label, backend = pick(req.model)
             check_task(model_label, backend, "generate",
                        "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
-            payload = build_payload(req, endpoint)
+            payload = build_payload(req, endpoint, getattr(backend, "reads_images", False))
             if model_label in adapters:
                 payload["adapter"] = adapters[model_label][1]
             return await run(req, endpoint, model_label, backend, payload)
@@ -277,11 +277,12 @@ def adapter_ids(backends: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return ids
 
 
-def build_payload(req, endpoint: str) -> dict[str, Any]:
-    """The backend payload: messages or prompt, the engine's sampling dict, chat template variables."""
+def build_payload(req, endpoint: str, images: bool = False) -> dict[str, Any]:
+    """The backend payload: messages or prompt, the engine's sampling dict, chat template variables. `images`:
+    the model reads images, so image_url parts stay (else they are a 400: the model reads text only)."""
     payload: dict[str, Any] = {"sampling": req.engine_sampling(), "request_id": new_id("req")}
     if endpoint == "chat":
-        payload["messages"] = [m.plain(i) for i, m in enumerate(req.messages)]
+        payload["messages"] = [m.plain(i, images) for i, m in enumerate(req.messages)]
         payload["chat_template_kwargs"] = req.chat_template_kwargs or {}
     else:
         payload["prompt"] = req.prompt

@@ -47,7 +47,8 @@ def _deployments():
 
         def info(self) -> dict[str, Any]:
             return {"model_id": self.server.model_id, "max_model_len": self.server.max_model_len,
-                    "task": self.server.task, "adapters": list(self.server.adapters)}
+                    "task": self.server.task, "adapters": list(self.server.adapters),
+                    "reads_images": self.server.reads_images}
 
         def stats(self) -> dict[str, Any]:
             return self.server.stats()
@@ -75,6 +76,7 @@ def _deployments():
                 backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"),
                                                    info.get("task", "generate"))
                 backends[model_id].adapters = tuple(info.get("adapters") or ())
+                backends[model_id].reads_images = bool(info.get("reads_images"))
             return make_api(backends, api_key=self.api_key)
 
     return LLMServer, OpenAIIngress

@@ -90,6 +90,7 @@ class ModelServer:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
         self.engine = engine
         self.adapters = tuple(config.lora_adapters)  # served as model ids of their own
+        self.reads_images = bool(getattr(engine, "reads_images", False))
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
@@ -227,6 +228,7 @@ class LocalBackend:
         self.model_id = server.model_id
         self.task = server.task
         self.adapters = server.adapters
+        self.reads_images = server.reads_images
         self.capacity = max_ongoing_requests + max_queued_requests
         self.retry_after_s = retry_after_s
         self.admitted = 0

@@ -138,14 +138,14 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
-    def plain(self, index: int = 0) -> dict[str, Any]:
+    def plain(self, index: int = 0, images: bool = False) -> dict[str, Any]:
         """{role, content} with text content ([{type: text, text}] parts joined); a non-text part (the
         served models read text only) or a part whose text is not a string is a 400 naming it."""
         from fleetllm.engines.chat import text_content
         from fleetllm.errors import RowError
 
         where = f"messages[{index}].content"
-        if isinstance(self.content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
+        if images and isinstance(self.content, list) and any(isinstance(p, dict) and p.get("type") == "image_url"
                                                   for p in self.content):
             return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
         try:

@@ -88,7 +88,7 @@ def test_openai_batch_lines_name_adapters_and_keep_image_parts():
 
     from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-    pre = OpenAIBatchPreprocessor({}, "generate", ("a0", "a1"))
+    pre = OpenAIBatchPreprocessor({}, "generate", ("a0", "a1"), images=True)
 
     def line(model, content="Hi"):
         body = {"model": model, "messages": [{"role": "user", "content": content}]}
@@ -100,3 +100,6 @@ def test_openai_batch_lines_name_adapters_and_keep_image_parts():
     assert "not in model.lora_adapters" in line("smollm2:zz")["error"]
     row = line("smollm2", [{"type": "image_url", "image_url": {"url": data(png())}}, {"type": "text", "text": "?"}])
     assert row["error"] is None and '"image_url"' in row["_messages"]
+    pre.images = False  # a text-only model: the part is refused as before, naming it
+    row = line("smollm2", [{"type": "text", "text": "?"}, {"type": "image_url", "image_url": {"url": data(png())}}])
+    assert row["error"].startswith("body.messages[0].content[1] is a content part of type 'image_url'")

@@ -204,7 +204,8 @@ class OutputFolder:
         self.refuse_foreign(overwrite)
         job_parts = json.loads(json.dumps(job_parts, sort_keys=True, default=str))  # as stored
         existing = self.read_job()
-        if existing is not None and existing.get("fingerprint") != job_fp and not overwrite:
+        if existing is not None and existing.get("fingerprint") != job_fp and not overwrite \
+                and self.holds_results():  # a record of a run that committed nothing blocks nothing
             changed = sorted(k for k in set(existing.get("parts", {})) | set(job_parts)
                              if existing.get("parts", {}).get(k) != job_parts.get(k))
             raise PlanError(
@@ -217,6 +218,11 @@ class OutputFolder:
             self._adopt_legacy_manifest()
         data = json.dumps({"fingerprint": job_fp, "parts": job_parts}, indent=2, sort_keys=True, default=str)
         store.write_atomic(self.fs, self.p(META, "job.json"), lambda fh: fh.write(data.encode()))
+
+    def holds_results(self) -> bool:
+        """Whether any shard was committed here (a commit object, a legacy manifest line or a data part)."""
+        return bool(self.commit_index()) or bool(self.read_legacy_manifest()) \
+            or any(PART.match(n) for n in self.top())
 
     def _adopt_legacy_manifest(self) -> None:
         legacy = self.read_legacy_manifest()

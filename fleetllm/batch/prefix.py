@@ -36,12 +36,11 @@ import json
 import os
 import posixpath
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from fleetllm.batch import store
+from fleetllm.batch import owner, store
 from fleetllm.batch.plan import InputFile, Shard
 
 KEY_EXTRA = 256  # characters past the prefix all rows share: enough to tell documents apart
@@ -185,7 +184,7 @@ def group_input(shards: list[Shard], read_rows: Callable[[Shard], Iterable[dict[
         fs.rm(posixpath.join(folder, old), recursive=True)
     total = sum(s.rows for s in shards)
     buckets = max(1, -(-total // shard_rows))
-    spill = tempfile.mkdtemp(prefix="fleetllm-prefix-")
+    spill = owner.temp_folder("prefix")  # swept by a later run if this one is killed
     try:
         _spill(shards, read_rows, preprocess, decision.key_chars, buckets, spill)
         files = []

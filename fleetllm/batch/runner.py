@@ -20,7 +20,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import sizing
-from fleetllm.batch import store
+from fleetllm.batch import owner, store
 from fleetllm.batch.assemble import commit_shard
 from fleetllm.batch.commit import OutputFolder
 from fleetllm.batch.job_plan import plan_job
@@ -40,6 +40,10 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     """Run a job; a real run holds the output folder's lock throughout (a second run refuses)."""
     if dry_run:
         return _run_job(spec, overwrite=overwrite, dry_run=True, max_error_rate=max_error_rate, console=console)
+    swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.owner)
+    if swept and console is not None:
+        console.print(f"removed {len(swept)} temporary folder(s) left by killed runs: {', '.join(swept[:3])}"
+                      + (" ..." if len(swept) > 3 else ""))
     created = folders_to_create(spec.output.path)
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):

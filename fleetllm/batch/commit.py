@@ -263,7 +263,11 @@ class OutputFolder:
     def commit(self, entry: ManifestEntry, write_data) -> None:
         """Write the shard's data whole under its final name, then its commit object."""
         store.write_atomic(self.fs, self.p(entry.file), write_data)
-        self._write_commit(entry)
+        try:
+            self._write_commit(entry)
+        except BaseException:  # a data part without its commit object would be read as data: removed
+            store.remove(self.fs, [self.p(entry.file)])
+            raise
 
     def write_file(self, name: str, write) -> None:
         """A whole file at the folder's top (run.json, output.jsonl, ...)."""

@@ -13,6 +13,7 @@ The driver never holds more than the shards in flight; the commit objects make t
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Any, Callable
@@ -49,9 +50,33 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
             return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
                             console=console)
+    except OSError as exc:
+        remove_if_empty(created)
+        full = disk_full(exc, spec.output.path)
+        if full is None:
+            raise
+        raise full from None
     except BaseException:
         remove_if_empty(created)  # a refused run leaves no folder of its own behind
         raise
+
+
+def disk_full(exc: OSError, url: str) -> PlanError | None:
+    """The one message of a run stopped by a full disk (or quota): the folder, what is committed (kept,
+    whole) and what to do; None for any other error."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    out = OutputFolder(url, "parquet")
+    try:
+        commits = out.read_commits()
+    except OSError:
+        commits = {}
+    rows = sum(e.rows for e in commits.values())
+    where = f" (writing {exc.filename})" if exc.filename else ""
+    return PlanError(f"the disk of output folder {url!r} is full ({exc.strerror}{where}); {len(commits)} shard(s) "
+                     f"({rows} rows) are committed there and kept, and nothing partial was left. Free space on that "
+                     "disk (or move output.path to a larger one) and run the same command again: it resumes after "
+                     "the committed shards")
 
 
 def folders_to_create(url: str) -> list[str]:

@@ -21,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 API_KEY_ENV = "FLEETLLM_API_KEY"
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # DNS-1123 subdomain
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-SECRET_LOOKING = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# a name one of whose _-separated words says secret: HF_TOKEN, AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY,
+# DB_PASSWORD (not TOKENIZERS_PARALLELISM)
+SECRET_LOOKING = re.compile(r"(?:^|_)(?:TOKEN|SECRET|KEY|APIKEY|PASSWORD|PASSWD|CREDENTIALS?)(?:_|$)", re.IGNORECASE)
 
 
 class SecretKey(BaseModel):

@@ -257,6 +257,7 @@ def _int_or_percent(value: str) -> int | str:
 def _cmd_render(args: argparse.Namespace) -> int:
     from fleetllm.cluster.k8s import is_serve_spec, job_path_notes, render_spec_file, write_manifests
     from fleetllm.cluster.k8s_pods import RenderOptions
+    from fleetllm.cluster.k8s_secrets import secret_note
     from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
     opts = RenderOptions(image=args.image, namespace=args.namespace)
@@ -269,6 +270,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
     if not is_serve_spec(data):
         for note in job_path_notes(parse_spec(JobSpec, data, args.spec)):
             print(f"note: {note}", file=sys.stderr)
+    note = secret_note(manifests)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     for path in write_manifests(manifests, args.output):
         print(path)
     return 0

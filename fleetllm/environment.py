@@ -87,12 +87,20 @@ class EnvironmentSpec(BaseModel):
 
         from fleetllm.errors import SpecError
 
+        wd = self.working_dir
+        if wd and "://" not in wd and not os.path.isdir(wd):
+            raise SpecError(f"environment.working_dir {wd!r} is not a folder; give a local folder or a URI "
+                            "such as s3://bucket/code.zip")
+
+    def check_refs_set(self) -> None:
+        """On a local Ray (whose processes inherit this one's environment), the variables that name
+        Kubernetes Secrets must be set here; on a cluster they are the nodes' (not checked from here)."""
+        import os
+
+        from fleetllm.errors import SpecError
+
         unset = {k: r.secretKeyRef for k, r in self.secret_refs().items() if k not in os.environ}
         if unset:
             shown = ", ".join(f"{k} (Secret {r.name!r}, key {r.key!r})" for k, r in sorted(unset.items()))
             raise SpecError(f"environment.env_vars {shown} name Kubernetes Secrets, which only pods rendered by "
                             f"`fleetllm k8s render` read; set {', '.join(sorted(unset))} in this environment")
-        wd = self.working_dir
-        if wd and "://" not in wd and not os.path.isdir(wd):
-            raise SpecError(f"environment.working_dir {wd!r} is not a folder; give a local folder or a URI "
-                            "such as s3://bucket/code.zip")

@@ -207,6 +207,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 def preflight(spec: JobSpec) -> None:
     """Checks that need no Ray: the output folder can be written (a local one); an openai endpoint
     accepts the job's key and serves its model (EndpointError otherwise, naming the fix)."""
+    if not (spec.cluster.address or os.environ.get("RAY_ADDRESS")):
+        spec.environment.check_refs_set()  # a local run: Secret references must be set here
     fs, root = store.open_url(spec.output.path)
     if store.is_local(fs):
         probe = os.path.join(root, ".tmp-write-check")

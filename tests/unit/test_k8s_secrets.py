@@ -120,3 +120,16 @@ def test_a_malformed_reference_is_refused(tmp_path, capsys):
     path.write_text(yaml.safe_dump(spec))
     assert main(["k8s", "render", str(path), "-o", str(tmp_path / "o")]) == 2
     assert "is not a Kubernetes name" in capsys.readouterr().err
+
+
+def test_a_local_run_needs_the_variables_its_secret_references_name(monkeypatch):
+    from fleetllm.environment import EnvironmentSpec
+    from fleetllm.errors import SpecError
+
+    env = EnvironmentSpec(env_vars={"HF_TOKEN": HF_REF, **PLAIN})
+    assert env.runtime_env() == {"env_vars": PLAIN}  # the reference is the environment's own variable
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(SpecError, match=r"HF_TOKEN \(Secret 'hf', key 'token'\).*set HF_TOKEN in this environment"):
+        env.check_refs_set()
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    env.check_refs_set()

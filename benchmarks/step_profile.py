@@ -171,6 +171,8 @@ def main() -> None:
     p.add_argument("--workload", default="a1024")
     p.add_argument("--models-dir", default="~/.cache/fleetllm-bench/gpu-models")
     p.add_argument("--engine-kwargs", default="{}", help="JSON: the settings under test (e.g. fleetllm's)")
+    p.add_argument("--fleetllm-rows", type=int, default=0,
+                   help="add the vLLM settings fleetllm gives an offline job of this many rows in flight")
     p.add_argument("--tflops", type=float, default=790.0, help="the bf16 matrix rate the bound assumes")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--out", required=True)
@@ -186,7 +188,12 @@ def main() -> None:
     from vllm import SamplingParams
 
     params = [SamplingParams(**r["sampling_params"]) for r in rows]
-    engine_kwargs = {"load_format": "dummy", "skip_tokenizer_init": False, **json.loads(args.engine_kwargs)}
+    engine_kwargs = {"load_format": "dummy", **json.loads(args.engine_kwargs)}
+    if args.fleetllm_rows:
+        from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
+
+        engine_kwargs = {**offline_batch_defaults(args.fleetllm_rows, True, {}, vllm_default_max_num_seqs()),
+                         **engine_kwargs}
     timed = one_pass(model, prompts, params, engine_kwargs, profile=False)
     prof = {} if args.skip_profile else one_pass(model, prompts, params, engine_kwargs, profile=True)
     config = json.loads((Path(model) / "config.json").read_text())

@@ -87,3 +87,14 @@ def test_a_live_holder_and_another_hosts_holder_still_refuse(s3, bystander):
                  json.dumps({**stale, "host": "elsewhere", "pid": bystander}).encode())
     with pytest.raises(FolderLocked, match="host elsewhere.*if that run is gone, delete s3://locks/live/out"):
         OutputFolder(url, "parquet").lock().acquire()
+
+
+def test_a_local_lock_record_naming_a_live_pid_does_not_hold_the_folder(tmp_path, bystander):
+    """On a file system the lock is an flock, which the kernel drops with its holder: a record left
+    behind names a pid, but only the flock counts, whoever has that pid now."""
+    lock_file = tmp_path / "_fleetllm" / "lock.json"
+    lock_file.parent.mkdir()
+    stale = {"host": socket.gethostname(), "pid": bystander, "started": "earlier", "run": "x"}
+    lock_file.write_text(json.dumps(stale))
+    with OutputFolder(str(tmp_path), "parquet").lock() as lock:
+        assert lock.took_over == stale

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -52,11 +53,19 @@ def record_of_a_killed_holder(fs, url: str) -> dict:
 
 @pytest.fixture
 def bystander():
-    """A live process unrelated to any lock: the process that got a dead holder's pid."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
+    """Starts a live process unrelated to any lock (the process that got a dead holder's pid, started
+    after that holder died); returns its pid."""
+    procs = []
+
+    def start() -> int:
+        time.sleep(0.05)  # start times are counted in clock ticks (10 ms): this one starts ticks later
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        return procs[-1].pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.mark.parametrize("case", ["pid now another process's", "container restarted in place (same pid)",
@@ -65,11 +74,11 @@ def test_a_lock_whose_pid_was_reused_is_taken_over(s3, bystander, case):
     url = f"s3://locks/{case.split()[0]}/out"
     stale = record_of_a_killed_holder(s3, url)
     if case.startswith("pid"):
-        stale["pid"] = bystander  # the dead holder's pid now belongs to a live process
+        stale["pid"] = bystander()  # the dead holder's pid now belongs to a live process
     elif case.startswith("container"):
         stale["pid"] = os.getpid()  # this run has the dead one's pid (pid 1 in a container restarted in place)
     else:
-        stale.update(pid=bystander, boot_id="0" * 32)
+        stale.update(pid=bystander(), boot_id="0" * 32)
     s3.pipe_file(url.removeprefix("s3://") + "/_fleetllm/lock.json", json.dumps(stale).encode())
     with OutputFolder(url, "parquet").lock() as lock:
         assert lock.took_over == stale
@@ -84,7 +93,7 @@ def test_a_live_holder_and_another_hosts_holder_still_refuse(s3, bystander):
             OutputFolder(url, "parquet").lock().acquire()
     stale = record_of_a_killed_holder(s3, url)
     s3.pipe_file(url.removeprefix("s3://") + "/_fleetllm/lock.json",
-                 json.dumps({**stale, "host": "elsewhere", "pid": bystander}).encode())
+                 json.dumps({**stale, "host": "elsewhere", "pid": bystander()}).encode())
     with pytest.raises(FolderLocked, match="host elsewhere.*if that run is gone, delete s3://locks/live/out"):
         OutputFolder(url, "parquet").lock().acquire()
 
@@ -94,7 +103,7 @@ def test_a_local_lock_record_naming_a_live_pid_does_not_hold_the_folder(tmp_path
     behind names a pid, but only the flock counts, whoever has that pid now."""
     lock_file = tmp_path / "_fleetllm" / "lock.json"
     lock_file.parent.mkdir()
-    stale = {"host": socket.gethostname(), "pid": bystander, "started": "earlier", "run": "x"}
+    stale = {"host": socket.gethostname(), "pid": bystander(), "started": "earlier", "run": "x"}
     lock_file.write_text(json.dumps(stale))
     with OutputFolder(str(tmp_path), "parquet").lock() as lock:
         assert lock.took_over == stale

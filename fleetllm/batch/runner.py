@@ -72,11 +72,15 @@ def disk_full(exc: OSError, url: str) -> PlanError | None:
     except OSError:
         commits = {}
     rows = sum(e.rows for e in commits.values())
-    where = f" (writing {exc.filename})" if exc.filename else ""
-    return PlanError(f"the disk of output folder {url!r} is full ({exc.strerror}{where}); {len(commits)} shard(s) "
-                     f"({rows} rows) are committed there and kept, and nothing partial was left. Free space on that "
-                     "disk (or move output.path to a larger one) and run the same command again: it resumes after "
-                     "the committed shards")
+    path = os.path.abspath(str(exc.filename)) if exc.filename else None
+    if path and store.is_local(out.fs) and os.path.commonpath([path, os.path.abspath(out.root)]) != \
+            os.path.abspath(out.root):  # another disk filled (a temporary folder's): name that one
+        disk, fix = f"the disk holding {path!r}", "that disk"
+    else:
+        disk, fix = f"the disk of output folder {url!r}", "that disk (or move output.path to a larger one)"
+    return PlanError(f"{disk} is full ({exc.strerror}); {len(commits)} shard(s) ({rows} rows) are committed in "
+                     f"{url!r} and kept, and nothing partial was left. Free space on {fix} and run the same "
+                     "command again: it resumes after the committed shards")
 
 
 def folders_to_create(url: str) -> list[str]:

@@ -50,7 +50,7 @@ def test_a_full_disk_stops_the_run_with_one_message_and_the_rerun_resumes(tiny_m
     assert f"output folder '{small_disk / 'out'}' is full (No space left on device" in message
     committed = len(os.listdir(small_disk / "out" / "_fleetllm" / "commits"))
     assert 0 < committed < ROWS // 2
-    assert f"{committed} shard(s) ({committed * 2} rows) are committed there and kept" in message
+    assert f"{committed} shard(s) ({committed * 2} rows) are committed in '{small_disk / 'out'}' and kept" in message
     assert "Free space on that disk" in message and "run the same command again" in message
     left = [p for p in (small_disk / "out").rglob("*") if p.name.startswith(".tmp-")]
     assert left == []

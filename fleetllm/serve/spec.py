@@ -3,7 +3,7 @@
     name: smollm2
     host: 127.0.0.1
     port: 8000
-    api_key: null                  # or a string; also $FLEETLLM_API_KEY
+    api_key: null                  # or a string (printable ASCII); also $FLEETLLM_API_KEY; or {secretKeyRef: {name, key}}
     ingress: auto                  # direct (the model replica serves HTTP) | separate (OpenAIIngress) | auto
     models:
       - model_id: smollm2

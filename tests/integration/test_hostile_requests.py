@@ -75,7 +75,7 @@ CASES = [
     (chat(stop_token_ids=[1]), 400, "stop_token_ids",
      "`stop_token_ids` is not supported by the transformers engine; engines that honour it: vllm, openai"),
     (chat(min_tokens=9, max_tokens=3), 400, "min_tokens", "`min_tokens` (9) is larger than `max_tokens` (3)"),
-    (chat(n=2), 400, "n", "`n` is 2 but temperature is 0, fleetllm's default when unset: greedy decoding gives one "
+    (chat(n=2, temperature=0), 400, "n", "`n` is 2 but temperature is 0.0: greedy decoding gives one "
      "answer, not 2; set temperature above 0 (e.g. 1.0) or n: 1"),
     (chat(stream_options={"include_usage": True}), 400, "stream_options", "stream_options: `stream_options` is only "
      "allowed when `stream` is true; set stream: true or remove it (got {'include_usage': True})"),
@@ -135,8 +135,9 @@ def test_honoured_fields_change_the_output(served):
     assert biased.status_code == 200, biased.text
     chosen = [e["token"] for e in biased.json()["choices"][0]["logprobs"]["content"]]
     assert chosen == [engine.tokenizer.decode([token])] * 6
-    plain, penalised = call(app, chat(max_tokens=24, ignore_eos=True),
-                            chat(max_tokens=24, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0))
+    plain, penalised = call(app, chat(max_tokens=24, ignore_eos=True, temperature=0),
+                            chat(max_tokens=24, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0,
+                                 temperature=0))
     assert plain.status_code == penalised.status_code == 200
     a, b = plain.json()["choices"][0]["message"]["content"], penalised.json()["choices"][0]["message"]["content"]
     ids_a, ids_b = engine.tokenizer(a)["input_ids"], engine.tokenizer(b)["input_ids"]

@@ -147,6 +147,7 @@ class ModelServer:
             yield [error_item(400, str(exc))]
             return
         self.ongoing += 1
+        details = self.config.enable_prompt_tokens_details  # usage.prompt_tokens_details, as vLLM's flag
         buf: list[dict[str, Any]] = []
         wake = asyncio.Event()
         state: dict[str, Any] = {"done": False, "error": None}
@@ -154,7 +155,9 @@ class ModelServer:
         async def pump() -> None:
             try:
                 async for delta in self.engine.generate_stream(request):
-                    buf.append(dataclasses.asdict(delta))
+                    item = dataclasses.asdict(delta)
+                    item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
+                    buf.append(item)
                     wake.set()
             except RequestFailed as exc:  # the engine failed on this request only: it goes on serving
                 state["error"] = error_item(500, str(exc), "request_failed")

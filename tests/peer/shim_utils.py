@@ -1,0 +1,90 @@
+"""vLLM's `tests/utils.py` for the peer suite: RemoteOpenAIServer starts `fleetllm serve` instead of `vllm serve`.
+
+Copied into the unpacked vLLM test tree as tests/utils.py by fetch_vllm_tests.py. The engine is
+$FLEETLLM_PEER_ENGINE (transformers, the default, or vllm). One server per (model, settings) serves every
+module of the run (started on first use, stopped at exit), so the modules share it as the issue asks.
+The vLLM flags that fleetllm has an equivalent for are mapped; the others are vLLM's own tuning and ignored.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+from typing import Any
+
+import openai
+
+from fleetllm.testing.serve_process import ServeProcess
+
+ENGINE = os.environ.get("FLEETLLM_PEER_ENGINE", "transformers")
+_SERVERS: dict[tuple, ServeProcess] = {}
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _spec(model: str, args: list[str]) -> dict[str, Any]:
+    """A serve.yaml for `vllm serve MODEL ARGS`: the model under its own name on $FLEETLLM_PEER_ENGINE."""
+    kwargs: dict[str, Any] = {"max_model_len": int(_flag(args, "--max-model-len") or 2048)}
+    if ENGINE == "vllm":
+        kwargs.update(enforce_eager=True, max_num_seqs=16)
+    entry: dict[str, Any] = {"model_id": model, "source": model, "engine": ENGINE, "engine_kwargs": kwargs,
+                             "max_ongoing_requests": 16, "max_queued_requests": 64, "cpus_per_replica": 1}
+    if "--enable-prompt-tokens-details" in args:
+        entry["enable_prompt_tokens_details"] = True
+    return {"name": f"peer-{ENGINE}", "models": [entry]}
+
+
+def _stop_all() -> None:
+    for served in _SERVERS.values():
+        served.stop()
+
+
+atexit.register(_stop_all)
+
+
+class RemoteOpenAIServer:
+    """The subset of vLLM's helper the peer tests use: host, port, url_for, get_(async_)client."""
+
+    DUMMY_API_KEY = "token-abc123"
+
+    def __init__(self, model: str, vllm_serve_args: list[str], *, env_dict: dict[str, str] | None = None,
+                 seed: int | None = 0, auto_port: bool = True, max_wait_seconds: float | None = None,
+                 **_: Any) -> None:
+        spec = _spec(model, list(vllm_serve_args))
+        key = (repr(spec), repr(sorted((env_dict or {}).items())))
+        if key not in _SERVERS:
+            env = {"VLLM_CPU_KVCACHE_SPACE": "1", **(env_dict or {})}
+            _SERVERS[key] = ServeProcess(spec, tempfile.mkdtemp(prefix="peer-serve-"), env=env,
+                                         start_timeout_s=max_wait_seconds or 900).start()
+        self.served = _SERVERS[key]
+        self.host, self.port = "127.0.0.1", self.served.port
+        self.uds = None
+
+    def __enter__(self) -> "RemoteOpenAIServer":
+        return self
+
+    def __exit__(self, *exc) -> None:  # the server stays up for the run's other modules
+        pass
+
+    @property
+    def url_root(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url_for(self, *parts: str) -> str:
+        return f"{self.url_root}/" + "/".join(part.strip("/") for part in parts if part)
+
+    def get_client(self, **kwargs) -> openai.OpenAI:
+        kwargs.setdefault("timeout", 600)
+        return openai.OpenAI(base_url=self.url_for("v1"), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs)
+
+    def get_async_client(self, **kwargs) -> openai.AsyncOpenAI:
+        kwargs.setdefault("timeout", 600)
+        return openai.AsyncOpenAI(base_url=self.url_for("v1"), api_key=self.DUMMY_API_KEY, max_retries=0, **kwargs)

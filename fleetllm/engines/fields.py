@@ -284,6 +284,14 @@ def check_model_limits(sampling: dict[str, Any], vocab_size: int | None) -> None
                          param="top_k")
 
 
+def check_prompt_ids(ids: list[int], vocab_size: int | None) -> None:
+    """A token-id prompt's ids within the model's vocabulary (vLLM's check, with the size)."""
+    bad = [t for t in ids if vocab_size is not None and not 0 <= t < vocab_size]
+    if bad:
+        raise FieldError(f"`prompt` token id(s) {bad[:8]} are out of vocabulary: the model's vocabulary has "
+                         f"{vocab_size} tokens (ids 0 to {vocab_size - 1})", param="prompt")
+
+
 def output_budget(sampling: dict[str, Any], prompt_tokens: int, context: int,
                   default: int = DEFAULT_MAX_TOKENS) -> int:
     """max_tokens for a prompt: an explicit value that does not fit the context is an error (as OpenAI and

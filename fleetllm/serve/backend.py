@@ -16,8 +16,9 @@ import time
 from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import Engine, GenerationRequest
-from fleetllm.engines.fields import FieldError
+from fleetllm.engines.fields import FieldError, check_prompt_ids
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
+from fleetllm.serve.echo import echo_item
 from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
@@ -138,13 +139,21 @@ class ModelServer:
             yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
             return
         try:
+            if payload.get("prompt_token_ids") is not None:  # a token-id prompt: ids in the vocabulary
+                check_prompt_ids(payload["prompt_token_ids"], self.engine.vocab_size)
             request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
+                                        prompt_token_ids=payload.get("prompt_token_ids"),
                                         sampling=with_defaults(payload.get("sampling") or {},
                                                                self.default_sampling),
                                         chat_template_kwargs=payload.get("chat_template_kwargs") or {},
                                         request_id=payload.get("request_id", ""))
         except RowError as exc:
-            yield [error_item(400, str(exc))]
+            yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
+            return
+        try:  # echo: the prompt's text (and, with logprobs, its tokens' logprobs) on the first item
+            echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
+        except RowError as exc:
+            yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
             return
         self.ongoing += 1
         details = self.config.enable_prompt_tokens_details  # usage.prompt_tokens_details, as vLLM's flag
@@ -189,7 +198,7 @@ class ModelServer:
                 if buf:
                     items, buf[:] = list(buf), []
                     if first:  # which replica answers (the API's x-fleetllm-replica header)
-                        items[0]["replica"], first = self.replica_id, False
+                        items[0]["replica"], items[0]["echo"], first = self.replica_id, echo, False
                     last = time.monotonic()
                     yield items
                 if state["done"]:

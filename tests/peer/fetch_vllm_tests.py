@@ -63,8 +63,12 @@ def sdist() -> Path:
 
 
 def adapt_models(text: str) -> str:
+    """Each vLLM model name -> the embedded model's folder (served under that name, as `vllm serve PATH` does,
+    and loadable by the tests' own tokenizer calls)."""
+    from fleetllm import models
+
     for theirs, ours in MODEL_NAMES.items():
-        text = re.sub(rf'^(MODEL_NAME\s*=\s*)"{re.escape(theirs)}"', rf'\1"{ours}"', text, flags=re.M)
+        text = text.replace(f'"{theirs}"', f'"{models.resolve(ours).path}"')
     return text
 
 

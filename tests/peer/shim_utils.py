@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import subprocess
 import tempfile
+import time
 from typing import Any
 
 import openai
 
-from fleetllm.testing.serve_process import ServeProcess
+from fleetllm.testing.serve_process import ServeProcess, free_port
 
-ENGINE = os.environ.get("FLEETLLM_PEER_ENGINE", "transformers")
-_SERVERS: dict[tuple, ServeProcess] = {}
+ENGINE = os.environ.get("FLEETLLM_PEER_ENGINE", "transformers")  # or vllm; vllm-serve: `vllm serve` itself
+_SERVERS: dict[tuple, Any] = {}
+# vLLM flags `vllm serve` is given unchanged in the comparison run, less those needing what is not here
+_NOT_HERE = {"--enable-lora": 0, "--lora-modules": 1, "--max-lora-rank": 1, "--max-cpu-loras": 1, "--dtype": 1}
 
 
 def _flag(args: list[str], name: str) -> str | None:
@@ -45,6 +50,49 @@ def _spec(model: str, args: list[str]) -> dict[str, Any]:
 def _stop_all() -> None:
     for served in _SERVERS.values():
         served.stop()
+    _SERVERS.clear()
+
+
+class VLLMServe:
+    """`vllm serve MODEL ARGS` (the comparison run), with ServeProcess's start/stop/url."""
+
+    def __init__(self, model: str, args: list[str], env: dict[str, str], start_timeout_s: float) -> None:
+        kept, skip = [], 0
+        for arg in args:
+            if skip:
+                skip -= 1
+                continue
+            if arg.split("=", 1)[0] in _NOT_HERE:
+                skip = 0 if "=" in arg else _NOT_HERE[arg]
+                continue
+            kept.append(arg)
+        self.port = free_port()
+        self.cmd = ["vllm", "serve", model, "--port", str(self.port), "--host", "127.0.0.1", *kept]
+        self.env, self.start_timeout_s, self.proc = {**os.environ, **env}, start_timeout_s, None
+
+    def start(self) -> "VLLMServe":
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"{' '.join(self.cmd)} did not come up")
+
+    def stop(self) -> int:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode if self.proc else 0
 
 
 atexit.register(_stop_all)
@@ -60,10 +108,15 @@ class RemoteOpenAIServer:
                  **_: Any) -> None:
         spec = _spec(model, list(vllm_serve_args))
         key = (repr(spec), repr(sorted((env_dict or {}).items())))
-        if key not in _SERVERS:
+        if key not in _SERVERS:  # one server at a time: the previous module's stops (memory)
+            _stop_all()
             env = {"VLLM_CPU_KVCACHE_SPACE": "1", **(env_dict or {})}
-            _SERVERS[key] = ServeProcess(spec, tempfile.mkdtemp(prefix="peer-serve-"), env=env,
-                                         start_timeout_s=max_wait_seconds or 900).start()
+            timeout = max_wait_seconds or 900
+            if ENGINE == "vllm-serve":
+                _SERVERS[key] = VLLMServe(model, list(vllm_serve_args), env, timeout).start()
+            else:
+                _SERVERS[key] = ServeProcess(spec, tempfile.mkdtemp(prefix="peer-serve-"), env=env,
+                                             start_timeout_s=timeout).start()
         self.served = _SERVERS[key]
         self.host, self.port = "127.0.0.1", self.served.port
         self.uds = None

@@ -220,11 +220,11 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         try:
             if endpoint == "chat":
-                start = [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                         for i in range(req.n)]
                 prompt = max((d.get("num_input_tokens") or 0 for d in first), default=0)
-                yield _event(ChatCompletionChunk(id=rid, model=model, choices=start,
-                                                 usage=Usage.of(prompt, 0) if continuous else None))
+                for i in range(req.n):  # the role first, one chunk per choice (as vLLM streams)
+                    start = [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
+                    yield _event(ChatCompletionChunk(id=rid, model=model, choices=start,
+                                                     usage=Usage.of(prompt, 0) if continuous else None))
             items = first
             while True:
                 raise_item_error(items)

@@ -38,6 +38,8 @@ def _flag(args: list[str], name: str) -> str | None:
 def _spec(model: str, args: list[str]) -> dict[str, Any]:
     """A serve.yaml for `vllm serve MODEL ARGS`: the model under its own name on $FLEETLLM_PEER_ENGINE."""
     kwargs: dict[str, Any] = {"max_model_len": int(_flag(args, "--max-model-len") or 2048)}
+    if _flag(args, "--runner") == "pooling" and ENGINE == "transformers":
+        kwargs = {}  # sentence-transformers reads the model's own limit
     if ENGINE == "vllm":
         kwargs.update(enforce_eager=True, max_num_seqs=16)
     entry: dict[str, Any] = {"model_id": model, "source": model, "engine": ENGINE, "engine_kwargs": kwargs,

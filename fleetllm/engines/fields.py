@@ -274,13 +274,13 @@ def check_model_limits(sampling: dict[str, Any], vocab_size: int | None) -> None
         return
     for token in sampling.get("logit_bias") or {}:
         if int(token) >= vocab_size:
-            raise FieldError(f"`logit_bias` token id {token} is outside the model's vocabulary (ids 0 to "
-                             f"{vocab_size - 1})", param="logit_bias")
+            raise FieldError(f"`logit_bias` token id {token} is outside the model's vocabulary of {vocab_size} "
+                             f"tokens (ids 0 to {vocab_size - 1})", param="logit_bias")
     for name in ("stop_token_ids", "allowed_token_ids"):
         bad = [t for t in sampling.get(name) or [] if int(t) >= vocab_size]
         if bad:
-            raise FieldError(f"`{name}` token id(s) {bad} are outside the model's vocabulary (ids 0 to "
-                             f"{vocab_size - 1})", param=name)
+            raise FieldError(f"`{name}` token id(s) {bad} are outside the model's vocabulary of {vocab_size} "
+                             f"tokens (ids 0 to {vocab_size - 1})", param=name)
     if sampling.get("top_k", 0) > vocab_size:
         raise FieldError(f"`top_k` {sampling['top_k']} is larger than the model's vocabulary ({vocab_size})",
                          param="top_k")

@@ -118,7 +118,8 @@ def test_each_hostile_request_fails_alone(served):
     assert topk.json()["error"]["message"] == f"`top_k` {10**9} is larger than the model's vocabulary ({vocab})"
     (bias,) = call(app, chat(logit_bias={"99999999": 5}))
     assert bias.json()["error"]["message"] == (
-        f"`logit_bias` token id 99999999 is outside the model's vocabulary (ids 0 to {vocab - 1})")
+        f"`logit_bias` token id 99999999 is outside the model's vocabulary of {vocab} tokens (ids 0 to "
+        f"{vocab - 1})")
     (unknown,) = call(app, chat(frobnicate=True))
     assert unknown.json()["error"]["message"].startswith(
         "`frobnicate` is not a request field fleetllm knows; remove it or check its spelling (known: ")

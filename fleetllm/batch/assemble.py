@@ -47,12 +47,8 @@ class ShardAssembler:
 
 
 def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) -> ManifestEntry:
-    """Write a complete shard and its commit object; a shard reopened by --retry-errors is merged with
-    its kept rows first (fleetllm.batch.retry_errors)."""
-    if shard.only_lines is not None:
-        from fleetllm.batch.retry_errors import commit_retried
-
-        return commit_retried(out, plan, shard, table, writer)
+    """Write a complete shard's data, then its commit object (a shard reopened by --retry-errors:
+    fleetllm.batch.retry_errors.commit_retried)."""
     entry, data = shard_output(out, plan, shard, table)
     out.commit(entry, lambda fh: writer.write(fh, data))
     return entry

@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+from fleetllm.batch.assemble import shard_output
 from fleetllm.batch.commit import ManifestEntry, OutputFolder
 from fleetllm.batch.plan import Shard
 from fleetllm.errors import PlanError
@@ -80,8 +81,6 @@ def commit_retried(out: OutputFolder, plan: Any, shard: Shard, table, writer) ->
     (for the run's totals); the commit object counts the whole shard."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from fleetllm.batch.assemble import shard_output
 
     lines = table.column("_line").to_pylist()
     fresh, data = shard_output(out, plan, shard, table)

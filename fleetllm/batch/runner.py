@@ -27,6 +27,7 @@ from fleetllm.batch.job_plan import plan_job
 from fleetllm.batch.job_report import make_report
 from fleetllm.batch.plan import Shard
 from fleetllm.batch.progress import JobProgress
+from fleetllm.batch.retry_errors import commit_retried, reopen_errors
 from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.stream import init_ray, run_on_ray, wait_for_cluster
@@ -119,8 +120,6 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
     out = OutputFolder(spec.output.path, spec.output.format)
     if retry_errors is not None:
-        from fleetllm.batch.retry_errors import reopen_errors
-
         rows = reopen_errors(plan, out, retry_errors)
         console.print(f"--retry-errors {retry_errors}: {rows} failed row(s) of the output are computed again")
     planned_at = time.time()
@@ -142,7 +141,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         nonlocal last_commit
         series.batch(table)
         commit_started = time.time()
-        entry = commit_shard(out, plan, shard, table, writer)
+        entry = (commit_shard if shard.only_lines is None else commit_retried)(out, plan, shard, table, writer)
         series.commit(entry, commit_started)
         for k in totals:
             totals[k] += getattr(entry, k)

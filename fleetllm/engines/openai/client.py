@@ -207,7 +207,9 @@ class QueryClient:
         return await self._call(lambda: self.openai.embeddings.create(model=self.model, input=input, **options),
                                 _parse_embedding)
 
-    async def _call(self, send: Callable[[], Awaitable[Any]], parse: Callable[[Any], CallResult]) -> CallResult:
+    async def _call(self, send: Callable[[], Awaitable[Any]],
+                    parse: Callable[[Any], CallResult] | None = None) -> CallResult:
+        parse = parse or _parse
         attempts, first, successes_before = 0, None, self.successes
         while True:
             ticket = await self.window.acquire()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fleetllm import cli_values
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a batch job over a dataset",
@@ -25,7 +27,7 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="recompute only the rows of the existing output whose `error` is set (`retryable`: only "
                    "429/5xx/timeouts whose retries ran out, answers past max_response_mb, failed engine calls); "
                    "each rewritten shard replaces the old one atomically, every row still appears once")
-    p.add_argument("--max-error-rate", type=float, default=0.0,
+    p.add_argument("--max-error-rate", type=cli_values.share, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
 
 

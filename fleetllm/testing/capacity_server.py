@@ -59,6 +59,7 @@ class ServerOptions:
     bad_request_marker: str | None = None  # a prompt holding it answers 400 (a row-level failure)
     fault: str | None = None  # a failure mode of fleetllm.testing.faults (None: healthy)
     fault_marker: str | None = None  # the fault hits only prompts holding it (None: every request)
+    fault_after: int = 0  # the fault hits only requests after the server's first fault_after
     fault_status: int = 503  # fault "status": the HTTP status
     fault_retry_after_s: float | None = None  # fault "status": its Retry-After header
     fault_hang_s: float = 30.0  # fault "hang": seconds before the answer
@@ -127,7 +128,7 @@ def build_app(options: ServerOptions):
         if body.get("model") != options.model:
             return error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
                          "NotFoundError")
-        if faults.applies(options, prompt):
+        if faults.applies(options, prompt, stats.requests):
             stats.faults += 1
             faulty = await faults.fault_reply(options, body, lambda: answer(body, prompt, chat), error)
             if faulty is not None:

@@ -2,7 +2,7 @@
 or fails, switchable at run time (`srv.options.fault = "html"`, healed with `None`).
 
 Modes (ServerOptions.fault), applied to the requests whose prompt holds `fault_marker` (every request
-when it is None):
+when it is None) that come after the server's first `fault_after` requests (an outage mid-run):
 
 - "html": 200 with a proxy's HTML maintenance page (text/html);
 - "truncated": 200 application/json, the body cut in half;
@@ -24,9 +24,10 @@ MODES = ("html", "truncated", "no_choices", "fewer_choices", "no_message", "stat
 MAINTENANCE_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>Down for maintenance</h1></body></html>"
 
 
-def applies(options: Any, prompt: str) -> bool:
-    """True when the fault is on and this request's prompt is one it hits."""
-    return options.fault is not None and (options.fault_marker is None or options.fault_marker in prompt)
+def applies(options: Any, prompt: str, request_number: int) -> bool:
+    """True when the fault is on and hits this request (its prompt, its number from 1 on the server)."""
+    return (options.fault is not None and request_number > options.fault_after
+            and (options.fault_marker is None or options.fault_marker in prompt))
 
 
 async def fault_reply(options: Any, body: dict[str, Any], answer: Callable[[], dict[str, Any]],

@@ -41,7 +41,7 @@ def server():
 
 @pytest.fixture
 def srv(server):
-    server.options.fault, server.options.fault_marker = None, None
+    server.options.fault, server.options.fault_marker, server.options.fault_after = None, None, 0
     server.options.bad_request_marker = None
     yield server
     server.options.fault = None  # healed for the next test
@@ -84,18 +84,6 @@ def heal_and_rerun(tmp_path: Path, srv, before: dict, **spec_over) -> dict:
     return rows
 
 
-def flip_after_first_commit(tmp_path: Path, srv, fault: str) -> threading.Thread:
-    def flip():
-        commits = tmp_path / "out" / "_fleetllm" / "commits"
-        while not (commits.exists() and any(commits.glob("*.json"))):
-            time.sleep(0.005)
-        srv.options.fault = fault
-
-    thread = threading.Thread(target=flip, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize("fault, said, sampling", [
     ("html", "body is not JSON: '<html>", None),
     ("truncated", "body is not valid JSON", None),
@@ -127,12 +115,12 @@ def test_an_answer_that_is_not_a_completion_stops_the_job_and_the_healed_rerun_c
 def test_an_endpoint_wide_storm_outage_or_hang_stops_the_job_without_committing_row_errors(
         srv, tmp_path, fault, status, said):
     srv.options.fault_status, srv.options.fault_retry_after_s, srv.options.fault_hang_s = status or 503, None, 5.0
-    flip = flip_after_first_commit(tmp_path, srv, fault)  # healthy at first, then down for everyone
-    with pytest.raises(EndpointError, match=f"the endpoint {srv.base_url} {said}.*The job stopped"):
+    # healthy for the first two shards (one batch of 3 rows at a time), then down for every request
+    srv.options.fault, srv.options.fault_after = fault, srv.stats()["requests"] + 6
+    with pytest.raises(EndpointError, match=f"the endpoint {srv.base_url} {said}.*The job stopped: 2 of 4"):
         run_job(spec_for(tmp_path, srv.base_url, timeout_s=0.3))
-    flip.join(timeout=5)
     before = rows_of(tmp_path)
-    assert 0 < len(before) < ROWS and all(answered(r) for r in before.values())
+    assert sorted(before) == [f"r{i:02d}" for i in range(6)] and all(answered(r) for r in before.values())
     heal_and_rerun(tmp_path, srv, before, timeout_s=0.3)
 
 

@@ -18,6 +18,7 @@ from fleetllm.batch import store
 from fleetllm.errors import InputError
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+LEGACY_RECORDS = ("run.json",)  # fleetllm.batch.commit: the run record at an output folder's top, before _SUCCESS
 COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz"}
 
 
@@ -63,13 +64,20 @@ def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, lis
     if not fs.exists(root):
         raise InputError(f"input path {path!r} does not exist; check input.path")
     if fs.isdir(root):
-        found = sorted(p for p in fs.find(root) if not hidden(posixpath.relpath(p, root)))
+        skip = own_records(fs, root)
+        found = sorted(p for p in fs.find(root) if not hidden(rel := posixpath.relpath(p, root)) and rel not in skip)
         wanted = [p for p in found if declared != "auto" or known_extension(p)]
         if not wanted:
             raise InputError(f"input folder {path!r} holds no {sorted(EXTENSIONS)} files (paths with a component "
                              "starting with _ or . are skipped)")
         return fs, [(store.to_url(fs, p), posixpath.relpath(p, root)) for p in wanted]
     return fs, [(store.to_url(fs, root), posixpath.basename(root))]
+
+
+def own_records(fs: fsspec.AbstractFileSystem, root: str) -> set[str]:
+    """In a fleetllm output folder (one holding `_fleetllm/job.json`), the run record an earlier version
+    wrote at the top (`run.json`), which is not data; nothing elsewhere."""
+    return set(LEGACY_RECORDS) if fs.exists(posixpath.join(root, "_fleetllm", "job.json")) else set()
 
 
 def known_extension(path: str) -> bool:

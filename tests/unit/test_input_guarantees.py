@@ -102,6 +102,9 @@ def test_discovery_skips_every_component_starting_with_underscore_or_dot(tmp_pat
         (tmp_path / rel).write_text(lines([{"instruction": rel}]))
     _, found = bio.list_files(str(tmp_path), "auto")
     assert [rel for _, rel in found] == ["a.jsonl", "sub/b.jsonl"]
+    (tmp_path / "run.json").write_text("{}")  # an earlier version's run record, in a fleetllm output folder
+    (tmp_path / "_fleetllm" / "job.json").write_text("{}")
+    assert [rel for _, rel in bio.list_files(str(tmp_path), "auto")[1]] == ["a.jsonl", "sub/b.jsonl"]
 
 
 @pytest.mark.parametrize("content, reason", [(b"", "size is 0 bytes"), (b"PAR1 not a parquet file PAR1", "")])

@@ -32,22 +32,22 @@ PEEK_BUFFER = 1 << 16  # bytes read at a time when peeking into a parquet file
 
 def _line_offsets(fs, path: str, shard_rows: int) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
     """Count non-blank lines; note the byte offset where every shard_rows-th row starts, and a hash of
-    each shard's bytes (fleetllm.batch.content_id)."""
-    rows, pos, offsets, digests, h = 0, 0, [], [], None
+    each shard's bytes (fleetllm.batch.content_id; hashed a shard at a time, not a line at a time)."""
+    rows, pos, offsets, digests, shard = 0, 0, [], [], []
     with open_input(fs, path) as fh:
         for line in fh:
             if line.strip():
                 if rows % shard_rows == 0:
                     offsets.append(pos)
-                    if h is not None:
-                        digests.append(h.hexdigest())
-                    h = content_id.hasher()
+                    if rows:
+                        digests.append(content_id.digest(shard))
+                        shard = []
                 rows += 1
-            if h is not None:
-                h.update(line)
+            if rows:
+                shard.append(line)
             pos += len(line)
-    if h is not None:
-        digests.append(h.hexdigest())
+    if rows:
+        digests.append(content_id.digest(shard))
     return rows, tuple(offsets), tuple(digests)
 
 

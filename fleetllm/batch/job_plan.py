@@ -48,8 +48,8 @@ class JobPlan:
     embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
     columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
     grouping: Any = None  # fleetllm.batch.prefix.Decision: rows grouped by prompt prefix, or not
-    kept_rows: int = 0  # --retry-errors: rows of reopened shards that stay as committed
     changed_files: list[str] = field(default_factory=list)  # input files whose content differs from the last run's
+    kept_rows: int = 0  # --retry-errors: rows of reopened shards that stay as committed
 
     @property
     def grouped(self) -> bool:

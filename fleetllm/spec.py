@@ -210,7 +210,7 @@ class SamplingSpec(StrictModel):
 
 
 class OutputSpec(StrictModel):
-    path: str = Field(..., description="Output folder: data files, manifest and run.json.")
+    path: str = Field(..., description="Output folder: data files (part-*.parquet), _fleetllm/ (commits, report) and the run record _SUCCESS.")
     format: Literal["parquet", "jsonl", "openai_batch"] = Field("parquet", description="Data file format.")
     shard_rows: int = Field(1000, ge=1, description="Rows per shard, the unit of commit and resume.")
 

@@ -6,7 +6,7 @@
        shards are read and tokenized); both hand each complete shard back to this driver
     -> commit_shard (fleetllm.batch.assemble: the data under its final name, then one commit object per
        shard under OUT/_fleetllm/commits)
-    -> make_report (fleetllm.batch.job_report: run.json)
+    -> make_report (fleetllm.batch.job_report: the run record, _SUCCESS)
 
 The driver never holds more than the shards in flight; the commit objects make the job resumable.
 """

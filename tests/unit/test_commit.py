@@ -93,7 +93,7 @@ def test_changed_job_is_refused_naming_what_changed(tmp_path):
     with pytest.raises(PlanError, match=r"changed: sampling\); outputs are never mixed: use --overwrite"):
         out.prepare("fp2", changed, overwrite=False)
     (tmp_path / "part-000000.jsonl").write_text("{}\n")
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "_SUCCESS").write_text("{}")
     out.prepare("fp2", changed, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_fleetllm"]
     assert json.loads((tmp_path / "_fleetllm" / "job.json").read_text())["fingerprint"] == "fp2"

@@ -100,7 +100,9 @@ class VLLMEngine(Engine):
         from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
 
         kwargs = dict(self.engine_kwargs)
-        kwargs.setdefault("disable_log_stats", True)
+        # serving keeps vLLM's statistics (its `vllm:` Prometheus metrics, fleetllm.serve.vllm_metrics), as `vllm
+        # serve` does; a batch job has no use for them
+        kwargs.setdefault("disable_log_stats", self.usage_context != "OPENAI_API_SERVER")
         if self.rows_in_flight:
             world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
             added = offline_batch_defaults(self.rows_in_flight, not on_cpu, self.engine_kwargs,

@@ -3,6 +3,7 @@ on a tiny random model: protocol, errors, batching of concurrent requests, healt
 
 from __future__ import annotations
 
+import re
 import asyncio
 import json
 import shutil
@@ -174,6 +175,9 @@ def test_metrics_and_health_503_when_an_engine_is_dead(app):
     assert 'fleetllm_requests_total{endpoint="chat",model="tiny",status="200"}' in metrics.text
     assert 'fleetllm_requests_total{endpoint="chat",model="unknown",status="401"}' in metrics.text
     assert "fleetllm_time_to_first_token_seconds_bucket" in metrics.text
+    # vLLM's names beside them (one replica in process, no Ray: its own snapshot), per served model id
+    assert re.search(r'^vllm:request_success_total\{finished_reason="\w+",model_name="tiny"\} [1-9]', metrics.text, re.M)
+    assert 'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="tiny"}' in metrics.text
     servers["themed"].engine.stop()  # the themed engine dies
     health, still = call(api, ("GET", "/health", {}), chat(max_tokens=2))
     assert health.status_code == 503 and health.json()["models"] == ["themed"]

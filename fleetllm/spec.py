@@ -290,6 +290,8 @@ class JobSpec(StrictModel):
             settings = parse_engine_kwargs(self.model.engine_kwargs)
         except SpecError as exc:
             raise ValueError(f"model.{exc}") from None
+        # $OPENAI_BASE_URL read here, on the driver: the replicas (maybe on other machines) get it in the spec
+        self.model.engine_kwargs.setdefault("base_url", settings.base_url)
         if "source" not in self.model.model_fields_set and not settings.model:
             raise ValueError("engine openai needs the served model id: set model.source to the id the endpoint "
                              "lists at GET /v1/models (or model.engine_kwargs.model)")

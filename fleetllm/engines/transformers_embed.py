@@ -9,7 +9,6 @@ batches of `max_batch_size`.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -33,9 +32,9 @@ class TransformersEmbedEngine(Engine):
                               f"known: {list(KNOWN_KWARGS)}")
         kw = self.engine_kwargs
         device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = kw.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        from fleetllm.engines.threads import apply_cpu_threads
+
+        apply_cpu_threads(torch, device, kw.get("num_threads"))
         try:
             from sentence_transformers import SentenceTransformer
 

@@ -8,7 +8,6 @@ settings generated together): measured faster than transformers' continuous batc
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any, AsyncIterator
 
@@ -43,9 +42,9 @@ class TransformersEngine(Engine):
         kwargs = dict(self.engine_kwargs)
         own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
         device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = own.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        from fleetllm.engines.threads import apply_cpu_threads
+
+        apply_cpu_threads(torch, device, own.get("num_threads"))
         dtype_name = own.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
         dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):

@@ -47,8 +47,13 @@ def _meta(name: str, opts: RenderOptions, labels: dict[str, str]) -> dict[str, A
     return meta
 
 
-def _base_labels(name: str, opts: RenderOptions) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "fleetllm", "app.kubernetes.io/instance": name, **opts.labels}
+def _base_labels(name: str, opts: RenderOptions, component: str) -> dict[str, str]:
+    """Kubernetes' recommended labels (app.kubernetes.io/*): kubectl, dashboards and tools select on them."""
+    from fleetllm import __version__
+
+    return {"app.kubernetes.io/name": "fleetllm", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "fleetllm",
+            "app.kubernetes.io/managed-by": "fleetllm", "app.kubernetes.io/version": __version__, **opts.labels}
 
 
 def worker_shape(gpus: int, cpus_per_replica: float, opts: RenderOptions) -> PodShape:
@@ -77,7 +82,7 @@ def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int 
             raise SpecError("compute.replicas is 'auto'; pass --replicas N to size the worker group on Kubernetes")
         replicas = int(job.compute.replicas)
     name = dns_name(job.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "job"}
+    labels = _base_labels(name, opts, "job")
     cm_name = f"{name}-spec"
     volumes, mounts = spec_volume(cm_name)
     shape = worker_shape(job_gpus_per_replica(job), job.compute.cpus_per_replica, opts)
@@ -163,7 +168,7 @@ def _serve_workers(view: ServeView, opts: RenderOptions, labels: dict[str, str])
 def render_rayservice(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
     """A RayService whose cluster has one worker group per served model (one pod per replica)."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     autoscale = any(m.min_replicas != m.max_replicas for m in view.models)
     return {
         "apiVersion": "ray.io/v1",
@@ -181,7 +186,7 @@ def render_rayservice(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
 def render_service(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
     """A ClusterIP Service in front of the RayService's serving pods (port 8000, OpenAI API)."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -202,7 +207,7 @@ def render_httproute(
     """A Gateway API HTTPRoute with one rule per model, matched on the `model` header (which the
     gateway, e.g. AIBrix's, fills from the request body), all sent to `service`."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     rules = [
         {
             "matches": [
@@ -239,7 +244,7 @@ def render_fleet(
     out: list[dict[str, Any]] = []
     for model in view.models:
         name = dns_name(f"{view.name}-{model.model_id}")
-        labels = {**_base_labels(name, opts), "fleetllm.io/kind": "fleet", "model.aibrix.ai/name": model.model_id}
+        labels = {**_base_labels(name, opts, "fleet"), "model.aibrix.ai/name": model.model_id}
         cm_name = f"{name}-spec"
         volumes, mounts = spec_volume(cm_name)
         env = token_env(f"{name}-ray-token")

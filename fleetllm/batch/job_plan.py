@@ -7,7 +7,6 @@ checks that refuse a job before any model loads (columns, sampling, task). Loads
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -144,7 +143,7 @@ def check_columns(spec: JobSpec) -> None:
 
 def local_resources() -> dict[str, float]:
     """This machine's CPUs and GPUs: what a dry run sizes for when no cluster is connected."""
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(sizing.local_gpu_count())}
+    return {"CPU": float(sizing.detected_cpus()), "GPU": float(sizing.local_gpu_count())}
 
 
 def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,

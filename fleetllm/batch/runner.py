@@ -29,7 +29,7 @@ from fleetllm.batch.plan import Shard
 from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
-from fleetllm.batch.stream import init_ray, run_on_ray, wait_for_cluster
+from fleetllm.batch.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import EndpointError, PlanError
 from fleetllm.spec import JobSpec
@@ -43,8 +43,11 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     created = folders_to_create(spec.output.path)
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
-            return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
-                            console=console)
+            try:
+                return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
+                                console=console)
+            finally:
+                release_cluster_request(spec)
     except BaseException:
         remove_if_empty(created)  # a refused run leaves no folder of its own behind
         raise

@@ -162,6 +162,10 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         model = models.served(spec.model.source)
     elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
         model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
+        if model.kind == "hub":  # the commit, not a branch that moves (fleetllm.hub_revision)
+            from fleetllm.hub_revision import pin_revision
+
+            model = pin_revision(model, spec.model.revision or spec.model.engine_kwargs.get("revision"))
     else:
         model = models.ResolvedModel(spec.model.source, "embedded",
                                      str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
@@ -180,6 +184,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if planned_now:
             columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    if model.kind == "hub" and model.revision:
+        engine_kwargs["revision"] = model.revision  # the replicas load the pinned commit
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}

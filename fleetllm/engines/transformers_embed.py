@@ -16,7 +16,7 @@ from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult, Engine, Gen
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
 from fleetllm.errors import EngineError, RowError
 
-KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code")
+KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "revision")
 
 
 class TransformersEmbedEngine(Engine):
@@ -38,7 +38,7 @@ class TransformersEmbedEngine(Engine):
         try:
             from sentence_transformers import SentenceTransformer
 
-            self.model = SentenceTransformer(self.model_path, device=device,
+            self.model = SentenceTransformer(self.model_path, device=device, revision=kw.get("revision"),
                                              trust_remote_code=bool(kw.get("trust_remote_code", False)))
         except (OSError, ValueError, ImportError) as exc:
             raise EngineError(f"sentence-transformers could not load {self.model_path!r}: {exc}") from exc

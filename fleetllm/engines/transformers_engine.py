@@ -53,11 +53,12 @@ class TransformersEngine(Engine):
         if load_format not in LOAD_FORMATS:
             raise EngineError(f"engine_kwargs.load_format {load_format!r} is not one of {LOAD_FORMATS}")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+            hub = {k: kwargs[k] for k in ("trust_remote_code", "revision") if k in kwargs}  # a hub model's commit
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, **hub)
             if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
                 from transformers import AutoConfig
 
-                config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+                config = AutoConfig.from_pretrained(self.model_path, **hub)
                 with torch.device(device):
                     self.model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from fleetllm import cli_values
 from fleetllm.serve.model_args import add_model_flags
 
 
@@ -14,7 +15,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="serve YAML file (see examples/serve.yaml), or a model (alias, local folder, hub id)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--host", default=None, help="listen address (default: the spec's host)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: the spec's port)")
+    p.add_argument("--port", type=cli_values.port, default=None, help="listen port (default: the spec's port)")
     add_model_flags(p)
     p.set_defaults(handler=_serve)
 

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fleetllm import cli_values
+
 # flag -> engine_kwargs key (vLLM's engine arguments; the transformers engine takes max_model_len and dtype)
 ENGINE_FLAGS = {"max_model_len": int, "dtype": str, "tensor_parallel_size": int, "gpu_memory_utilization": float,
                 "max_num_seqs": int, "quantization": str, "kv_cache_dtype": str}
@@ -26,10 +28,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=["auto", "vllm", "transformers"], default=None, help="default auto")
     g.add_argument("--task", choices=["auto", "generate", "embed"], default=None, help="default auto")
     g.add_argument("--name", default=None, help="Ray Serve application name (default fleetllm)")
-    g.add_argument("--replicas", type=int, default=None, help="fixed number of replicas (default 1)")
-    g.add_argument("--gpus-per-replica", type=float, default=None)
-    g.add_argument("--cpus-per-replica", type=float, default=None)
-    g.add_argument("--max-ongoing-requests", type=int, default=None, help="requests a replica serves at once")
+    g.add_argument("--replicas", type=cli_values.positive_int, default=None, help="fixed number of replicas (default 1)")
+    g.add_argument("--gpus-per-replica", type=cli_values.non_negative_float, default=None)
+    g.add_argument("--cpus-per-replica", type=cli_values.non_negative_float, default=None)
+    g.add_argument("--max-ongoing-requests", type=cli_values.positive_int, default=None,
+                   help="requests a replica serves at once")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="vLLM: no CUDA graphs")
     g.add_argument("--trust-remote-code", action="store_true", default=None)
     for key, kind in ENGINE_FLAGS.items():

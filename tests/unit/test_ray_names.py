@@ -33,9 +33,9 @@ def test_what_fleetllm_does_not_do_is_refused_by_name(given, named):
 
 
 def test_ray_serve_llm_names_on_llm_config():
-    from fleetllm.serve.spec import LLMConfig
+    from fleetllm.serve import LLMConfig, ModelLoadingConfig
 
-    cfg = LLMConfig(model_loading_config={"model_id": "m"}, llm_engine="vLLM", accelerator_type="L4",
+    cfg = LLMConfig(model_loading_config=ModelLoadingConfig(model_id="m"), llm_engine="vLLM", accelerator_type="L4",
                     runtime_env={"env_vars": {"X": "1"}}, deployment_config={"ray_actor_options": {"num_cpus": 2}})
     assert cfg.engine == "vllm"
     assert cfg.deployment_options()["ray_actor_options"] == {"num_cpus": 2, "accelerator_type": "L4",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 
 from fleetllm.errors import FleetError
@@ -33,7 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging() -> None:
+    """The CLI shows fleetllm's library log records (logging.getLogger("fleetllm...")) on stderr, at
+    $FLEETLLM_LOG_LEVEL (default INFO); an application embedding fleetllm configures logging itself."""
+    logger = logging.getLogger("fleetllm")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fleetllm: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("FLEETLLM_LOG_LEVEL", "INFO").upper())
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -200,7 +200,7 @@ class SamplingSpec(StrictModel):
 
 
 class OutputSpec(StrictModel):
-    path: str = Field(..., description="Output folder: data files, manifest and run.json.")
+    path: str = Field(..., description="Output folder: data files (part-*.parquet), _fleetllm/ (commits, report) and the run record _SUCCESS.")
     format: Literal["parquet", "jsonl", "openai_batch"] = Field("parquet", description="Data file format.")
     shard_rows: int = Field(1000, ge=1, description="Rows per shard, the unit of commit and resume.")
 
@@ -280,6 +280,8 @@ class JobSpec(StrictModel):
             settings = parse_engine_kwargs(self.model.engine_kwargs)
         except SpecError as exc:
             raise ValueError(f"model.{exc}") from None
+        # $OPENAI_BASE_URL read here, on the driver: the replicas (maybe on other machines) get it in the spec
+        self.model.engine_kwargs.setdefault("base_url", settings.base_url)
         if "source" not in self.model.model_fields_set and not settings.model:
             raise ValueError("engine openai needs the served model id: set model.source to the id the endpoint "
                              "lists at GET /v1/models (or model.engine_kwargs.model)")

@@ -6,7 +6,7 @@
        shards are read and tokenized); both hand each complete shard back to this driver
     -> commit_shard (fleetllm.batch.assemble: the data under its final name, then one commit object per
        shard under OUT/_fleetllm/commits)
-    -> make_report (fleetllm.batch.job_report: run.json)
+    -> make_report (fleetllm.batch.job_report: the run record, _SUCCESS)
 
 The driver never holds more than the shards in flight; the commit objects make the job resumable.
 """
@@ -31,7 +31,7 @@ from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.retry_errors import commit_retried, reopen_errors
 from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
-from fleetllm.batch.stream import init_ray, run_on_ray, wait_for_cluster
+from fleetllm.batch.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import EndpointError, PlanError
 from fleetllm.spec import JobSpec
@@ -55,8 +55,11 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     created = folders_to_create(spec.output.path)
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
-            return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
-                            console=console, retry_errors=retry_errors)
+            try:
+                return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
+                                console=console, retry_errors=retry_errors)
+            finally:
+                release_cluster_request(spec)
     except OSError as exc:
         remove_if_empty(created)
         full = disk_full(exc, spec.output.path)

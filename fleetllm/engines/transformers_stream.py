@@ -4,8 +4,8 @@ Concurrent `generate_stream` calls do not run one at a time: each call tokenizes
 drops it into an inbox; one background thread gathers what is waiting (up to `max_batch_size` rows,
 waiting `batch_wait_s` for stragglers), groups rows with equal sampling settings and runs one padded
 `model.generate` per group. A per-step hook (a `StoppingCriteria`, which transformers calls once per
-decoding step with the whole `(batch, seq)` tensor) decodes each row's new token, applies stop
-strings and per-row `max_tokens`, and marks finished rows done; the step's text deltas are handed
+decoding step with the whole `(batch, seq)` tensor) decodes each row's new token incrementally
+(fleetllm.engines.stream_text: tokenizers' DecodeStream), applies stop strings and per-row `max_tokens`, and marks finished rows done; the step's text deltas are handed
 to the requests' asyncio queues together (one wake-up per event loop and step, not one per row). A
 request whose consumer went away (client disconnect: the async generator is closed or cancelled) is
 flagged; its rows are marked done at the next step, so the engine stops generating for it, and the
@@ -29,6 +29,8 @@ from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import GenerationRequest, StreamDelta
 from fleetllm.engines.chat import prompt_chars
+from fleetllm.engines.stream_text import RowText
+from fleetllm.engines.transformers_logits import logprob_entry
 from fleetllm.errors import EngineError, RequestFailed, RowError
 
 
@@ -93,10 +95,8 @@ class _Row:
     req: StreamRequest
     index: int
     limit: int
-    tokens: list[int] = field(default_factory=list)
-    sent: str = ""
+    text: RowText
     done: bool = False
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -235,13 +235,14 @@ class StreamBatcher:
         engine = self.engine
         torch = engine.torch
         tok = engine.tokenizer
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
         members.sort(key=lambda r: len(r.ids))
         sampling = members[0].sampling
         n = sampling["n"]
         context = engine.max_model_len
-        rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)))
+        rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)),
+                     RowText(tok, list(req.sampling.get("stop") or [])))
                 for req in members for j in range(n)]
         eos_ids = set() if sampling.get("ignore_eos") else engine.eos_ids()
         want_logprobs = sampling.get("logprobs") is not None
@@ -258,17 +259,15 @@ class StreamBatcher:
                 batcher._flush()
                 return torch.tensor([r.done for r in rows], dtype=torch.bool, device=input_ids.device)
 
-        class RecordLogprobs(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                step_logprobs.append(torch.log_softmax(scores.float(), dim=-1))
-                return scores
+        def record_logprobs(module, args, kwargs, output):  # the model's raw logits: before any processor
+            step_logprobs.append(torch.log_softmax(output.logits[:, -1].float(), dim=-1))
 
         batch = tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device)
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
-        processors = [RecordLogprobs()] if want_logprobs else []  # logprobs of the model, before any grammar
+        processors = []
         grammars = [r.req.grammar for r in rows]  # each row follows its own request's grammar (or none)
         if any(g is not None for g in grammars):
             from fleetllm.engines.grammar import GrammarLogitsProcessor
@@ -282,17 +281,17 @@ class StreamBatcher:
                               top_k=int(sampling.get("top_k") or 0))
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        extra = engine.generate_kwargs(sampling, batch["input_ids"].shape[1])
-        if "logits_processor" in extra and want_logprobs:  # the penalties first, then the record of logprobs
-            extra["logits_processor"].append(RecordLogprobs())
-        gen_kwargs.update(extra)
+        gen_kwargs.update(engine.generate_kwargs(sampling, batch["input_ids"].shape[1]))
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
         self.stats.running += len(members)
         self.stats.batches += 1
         self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
+        hook = None
         try:
             with engine.generate_lock, torch.inference_mode():
+                if want_logprobs:  # raw logprobs, as vLLM and OpenAI give: before penalties, temperature, top-k
+                    hook = engine.model.register_forward_hook(record_logprobs, with_kwargs=True)
                 if sampling.get("seed") is not None:
                     torch.manual_seed(int(sampling["seed"]))
                 engine.model.generate(**batch, **gen_kwargs)
@@ -300,6 +299,8 @@ class StreamBatcher:
             for req in members:
                 req.push(RequestFailed(f"generation failed: {type(exc).__name__}: {exc}"))
         finally:
+            if hook is not None:
+                hook.remove()
             self.stats.running -= len(members)
         for row in rows:  # rows the loop never finished (e.g. generate stopped early)
             if not row.done:
@@ -324,32 +325,17 @@ class StreamBatcher:
             self.stats.generated_tokens += 1
             self._finish(row, "stop", extra_tokens=1)
             return
-        row.tokens.append(token)
         req.generated += 1
         self.stats.generated_tokens += 1
         entry = None
         if logp is not None:
-            entry = self._logprob_entry(token, logp, int(req.sampling["logprobs"]))
-            row.logprobs.append(entry)
-        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        stops = req.sampling.get("stop") or []
-        finish = None
-        for s in stops:
-            cut = text.find(s)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-        if finish is None and len(row.tokens) >= row.limit:
-            finish = "length"
-        if finish is None:
-            safe = len(text) - _held_back(text, stops)
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                safe = min(safe, len(text) - 1)
-            text = text[:max(safe, len(row.sent))]
-        delta = text[len(row.sent):]
-        row.sent = text
+            entry = logprob_entry(self.engine.tokenizer, self.engine.torch, logp, token, int(req.sampling["logprobs"]))
+        last = len(row.text.tokens) + 1 >= row.limit
+        delta, stopped = row.text.add(token, last)
+        finish = "stop" if stopped else "length" if last else None
         if finish is not None:
             row.done = True
-        self._outbox.append((req, StreamDelta(index=row.index, text=delta, num_generated_tokens=len(row.tokens),
+        self._outbox.append((req, StreamDelta(index=row.index, text=delta, num_generated_tokens=len(row.text.tokens),
                                               finish_reason=finish, num_input_tokens=len(req.ids),
                                               logprobs=[entry] if entry is not None else None)))
 
@@ -364,32 +350,7 @@ class StreamBatcher:
 
     def _finish(self, row: _Row, reason: str, extra_tokens: int = 0) -> None:
         row.done = True
-        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        for s in row.req.sampling.get("stop") or []:
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
         self._outbox.append((row.req, StreamDelta(
-            index=row.index, text=text[len(row.sent):], num_generated_tokens=len(row.tokens) + extra_tokens,
+            index=row.index, text=row.text.finish(), num_generated_tokens=len(row.text.tokens) + extra_tokens,
             finish_reason=reason,
             num_input_tokens=len(row.req.ids))))
-        row.sent = text
-
-    def _logprob_entry(self, token: int, logp: Any, top: int) -> dict[str, Any]:
-        decode = self.engine.tokenizer.decode
-        entry: dict[str, Any] = {"token": decode([token]), "logprob": float(logp[token])}
-        if top:
-            values, ids = self.engine.torch.topk(logp, top)
-            entry["top_logprobs"] = [{"token": decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)]
-        return entry
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """How many trailing characters could still grow into a stop string (not streamed yet)."""
-    held = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                held = max(held, k)
-                break
-    return held

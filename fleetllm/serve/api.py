@@ -9,6 +9,7 @@ serves one task: an embedding model refuses chat and completions with a 400, and
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleetllm.serve.backend import Backend, raise_item_error
 from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
+from fleetllm.serve.vllm_metrics import gather
 from fleetllm.unicode_text import lone_surrogate, lone_surrogate_in_json, refusal
 from fleetllm.serve.protocol import (
     APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
@@ -126,6 +128,9 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
                 continue
             if stats is not None:  # None: replicas too busy to answer now; keep the last values
                 metrics.set_engine(m, stats)
+            # vLLM's metrics of every replica (published to Ray), else of the one that answered
+            published = await asyncio.to_thread(gather, m)
+            metrics.set_vllm(m, published or ([stats["vllm_metrics"]] if stats and "vllm_metrics" in stats else None))
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 

@@ -37,6 +37,7 @@ def _deployments():
         def __init__(self, config: dict[str, Any]) -> None:
             self.server = ModelServer(LLMConfig.model_validate(config))
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
+            self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
 
         async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
             async for items in self.server.stream(payload):

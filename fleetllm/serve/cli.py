@@ -1,18 +1,22 @@
-"""`fleetllm serve serve.yaml [--dry-run] [--host H] [--port P]`."""
+"""`fleetllm serve serve.yaml [--dry-run] [--host H] [--port P] [--api-key K]`, or `fleetllm serve MODEL [--flags]`
+as `vllm serve MODEL` (fleetllm.serve.model_args)."""
 
 from __future__ import annotations
 
 import argparse
 
 from fleetllm import cli_values
+from fleetllm.serve.model_args import add_model_flags
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models behind an OpenAI-compatible API on Ray Serve")
-    p.add_argument("spec", help="serve YAML file (see examples/serve.yaml)")
+    p.add_argument("spec", metavar="SPEC_OR_MODEL",
+                   help="serve YAML file (see examples/serve.yaml), or a model (alias, local folder, hub id)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--host", default=None, help="listen address (default: the spec's host)")
     p.add_argument("--port", type=cli_values.port, default=None, help="listen port (default: the spec's port)")
+    add_model_flags(p)
     p.set_defaults(handler=_serve)
 
 
@@ -21,9 +25,11 @@ def _serve(args) -> int:
     import threading
 
     from fleetllm.serve.run import ingress_line, plan_lines, run_serve, stop_serve
-    from fleetllm.serve.spec import load_serve_spec
+    from fleetllm.serve.model_args import spec_data
+    from fleetllm.serve.spec import ServeSpec
+    from fleetllm.spec import parse_spec
 
-    spec = load_serve_spec(args.spec)
+    spec = parse_spec(ServeSpec, *spec_data(args))
     host, port = args.host or spec.host, args.port or spec.port
     if args.dry_run:
         print("\n".join(plan_lines(spec, host, port)))

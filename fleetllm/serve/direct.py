@@ -98,6 +98,7 @@ def direct_deployment():
             cfg = LLMConfig.model_validate(config)
             self.server = ModelServer(cfg)
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
+            self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
             self.server.stream_budget = cfg.stream_budget(direct=True)
             ongoing, queued = replica_limits(cfg)
             self.backend = DirectBackend(self.server, ongoing, queued, retry_after_s)

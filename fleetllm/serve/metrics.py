@@ -1,4 +1,5 @@
-"""Prometheus metrics of the OpenAI server (prometheus_client, one registry per app)."""
+"""Prometheus metrics of the OpenAI server (prometheus_client, one registry per app): vLLM's names (`vllm:*`,
+label `model_name`, merged across replicas: fleetllm.serve.vllm_metrics) beside fleetllm's own (`fleetllm_*`)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class ServeMetrics:
         self.engine_cancelled = Gauge("fleetllm_engine_cancelled_requests",
                                       "Requests the engine stopped because the client went away (sampled replica).",
                                       ["model"], registry=r)
+        self.vllm: dict[str, list[Any]] = {}  # model -> merged vLLM metric families (set_vllm)
+        r.register(self)
         self.healthy = Gauge("fleetllm_model_healthy", "1 when the model's engine answers, else 0.", ["model"],
                              registry=r)
 
@@ -48,6 +51,27 @@ class ServeMetrics:
         self.queued.labels(model).set(stats.get("queued", 0))
         self.engine_tokens.labels(model).set(stats.get("generated_tokens", 0))
         self.engine_cancelled.labels(model).set(stats.get("cancelled_requests", 0))
+
+    def set_vllm(self, model: str, snapshots: list[str] | None) -> None:
+        """The model's `vllm:` metrics from its replicas' snapshots (None: keep the last ones)."""
+        from fleetllm.serve.vllm_metrics import merge
+
+        if snapshots:
+            self.vllm[model] = merge(snapshots, model)
+
+    def collect(self):  # the registry's custom collector: the merged vLLM families
+        merged: dict[str, Any] = {}
+        for families in self.vllm.values():
+            for fam in families:
+                if fam.name in merged:
+                    merged[fam.name].samples.extend(fam.samples)
+                else:
+                    merged[fam.name] = type(fam)(fam.name, fam.documentation, fam.type)
+                    merged[fam.name].samples = list(fam.samples)
+        return list(merged.values())
+
+    def describe(self):  # nothing at registration (the families come with the first scrape)
+        return []
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -227,6 +227,22 @@ class LLMConfig(ServedEngineSpec):
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
 
+    accelerator_type: str | None = Field(None, description="Ray accelerator type of the replicas (e.g. A10G, L4, "
+                                         "H100), as Ray Serve LLM's LLMConfig.accelerator_type.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (Ray Serve LLM's).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_llm_names(cls, data: Any) -> Any:
+        """Ray Serve LLM's `llm_engine` ("vLLM") is fleetllm's `engine`."""
+        if isinstance(data, dict) and "llm_engine" in data:
+            data = dict(data)
+            engine = str(data.pop("llm_engine"))
+            if "engine" in data and data["engine"] != engine.lower():
+                raise ValueError(f"give llm_engine (Ray's name) or engine, not both ({engine!r}, {data['engine']!r})")
+            data["engine"] = engine.lower()
+        return data
+
     @field_validator("deployment_config")
     @classmethod
     def _known_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -268,6 +284,9 @@ class LLMConfig(ServedEngineSpec):
         # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
         opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)
         opts.setdefault("ray_actor_options", {"num_cpus": 1})
+        if self.accelerator_type or self.runtime_env:
+            opts["ray_actor_options"] = {**opts["ray_actor_options"], **{k: v for k, v in (
+                ("accelerator_type", self.accelerator_type), ("runtime_env", self.runtime_env)) if v}}
         return opts
 
 

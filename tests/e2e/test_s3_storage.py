@@ -75,7 +75,7 @@ def read_back(s3, prefix: str) -> list[dict]:
 
 
 def report(prefix: str) -> dict:
-    return json.loads(s3fs_().cat_file(f"bkt/{prefix}/run.json"))
+    return json.loads(s3fs_().cat_file(f"bkt/{prefix}/_SUCCESS"))
 
 
 def test_the_lock_object_is_a_conditional_create(s3):

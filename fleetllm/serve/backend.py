@@ -66,6 +66,8 @@ class ModelServer:
             kwargs = dict(config.engine_kwargs)
             if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            if name == "vllm" and self.task == "generate":  # interactive requests before Batch API rows
+                kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
@@ -139,7 +141,8 @@ class ModelServer:
             request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
                                         sampling=payload.get("sampling") or {},
                                         chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                        request_id=payload.get("request_id", ""))
+                                        request_id=payload.get("request_id", ""),
+                                        priority=int(payload.get("priority") or 0))
         except RowError as exc:
             yield [error_item(400, str(exc))]
             return

@@ -230,12 +230,13 @@ class QueryClient:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = _random.random,
         openai_client: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         if openai_client is None:
             from openai import AsyncOpenAI
 
             openai_client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY",
-                                        timeout=timeout_s, max_retries=0)
+                                        timeout=timeout_s, max_retries=0, default_headers=headers or None)
         self.openai = openai_client
         self.model = model
         self.base_url = base_url

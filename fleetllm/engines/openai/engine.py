@@ -58,6 +58,7 @@ class OpenAIEngineKwargs(BaseModel):
         default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s, jitter."
     )
     aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
 
 
 def parse_engine_kwargs(kwargs: dict[str, Any]) -> OpenAIEngineKwargs:
@@ -165,7 +166,8 @@ class OpenAIHTTPEngine(Engine):
 
     async def _make_client(self) -> QueryClient:
         return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
-                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller)
+                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller,
+                           headers=self.settings.headers)
 
     def _run(self, coro) -> Future:
         if getattr(self, "_loop", None) is None:

@@ -5,6 +5,8 @@ its replica over DeploymentHandles, and tests build it in-process over `LocalBac
 through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
 POST /v1/embeddings (fleetllm.engines.openai_embeddings), GET /v1/models, GET /health, GET /metrics. A model
 serves one task: an embedding model refuses chat and completions with a 400, and the others embeddings.
+With a batch store, OpenAI's /v1/files and /v1/batches too (fleetllm.serve.batch_routes); a request carrying
+the header x-fleetllm-batch is a Batch API row: engine priority 1 (interactive 0), its own metric series.
 """
 
 from __future__ import annotations

@@ -77,11 +77,30 @@ class ServeProcess:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL the server and every process of its group (its local Ray: replicas, HTTP proxy)."""
+        """SIGKILL the server, its process group and every process under it (the local Ray it started: GCS,
+        raylet, replicas, HTTP proxy; Ray starts some in sessions of their own), as a crash of the machine
+        would; returns once the port is free."""
+        import psutil
+
         if self.proc is not None and self.proc.poll() is None:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
             os.killpg(self.proc.pid, signal.SIGKILL)
+            for child in family:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
             self.proc.wait()
+            psutil.wait_procs(family, timeout=30)
         self._log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", self.port))
+                    return
+                except OSError:
+                    time.sleep(0.5)
 
     def __enter__(self) -> "ServeProcess":
         return self.start()

@@ -112,3 +112,15 @@ def test_create_refuses_bad_parameters_naming_them(tmp_path):
     assert r.status_code == 404 and r.json()["error"]["param"] == "input_file_id"
     r = call(app, "POST", "/v1/files", files={"file": ("in.jsonl", b"x")}, data={"purpose": "fine-tune"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
+
+
+def test_serve_spec_places_batches_under_fleetllm_home_and_halves_the_capacity(tmp_path, monkeypatch):
+    from fleetllm.serve.spec import ServeSpec
+
+    monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path))
+    spec = ServeSpec.model_validate({"name": "app", "models": [
+        {"model_id": "a", "task": "generate", "replicas": 2, "max_ongoing_requests": 16}]})
+    assert spec.batch_store_url() == str(tmp_path / "batches" / "app")
+    assert spec.batch_models() == {"a": {"task": "generate", "max_in_flight": 16}}
+    off = ServeSpec.model_validate({"models": [{"model_id": "a"}], "batches": {"enabled": False}})
+    assert off.batch_store_url() is None

@@ -107,8 +107,9 @@ def add_batch_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Reque
         check_key(request)
         try:
             body = await request.json()
-        except ValueError:
-            raise APIError(400, "the request body is not valid JSON; send a JSON object") from None
+        except (ValueError, RecursionError):
+            raise APIError(400, "the request body is not valid JSON (or nests too deeply); send a JSON object") \
+                from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         return JSONResponse(store.view(new_batch(store, body)))

@@ -91,7 +91,6 @@ class ServeProcess:
                 except psutil.NoSuchProcess:
                     pass
             self.proc.wait()
-            psutil.wait_procs(family, timeout=30)
         self._log.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

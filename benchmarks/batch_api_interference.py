@@ -165,11 +165,12 @@ def main() -> None:
     try:
         client = openai.OpenAI(base_url=server.url, api_key="EMPTY", max_retries=2, timeout=600)
         file_id = client.files.create(file=("batch.jsonl", batch_lines(model_dir, args)), purpose="batch").id
-        argv = lambda c: bench_argv(server, model_dir, args, c, None, args.prompts)  # noqa: E731
+        argv = lambda c, n: bench_argv(server, model_dir, args, c, None, n)  # noqa: E731
+        peak_prompts = max(args.prompts, 2 * args.peak_concurrency)  # every slot busy for two waves
         for r in range(args.rounds):
-            rnd = {"alone": summarize(run_bench(argv(args.concurrency))[0]),
-                   "with_batch": with_batch(server, client, file_id, argv(args.concurrency), args),
-                   "peak": summarize(run_bench(argv(args.peak_concurrency))[0])}
+            rnd = {"alone": summarize(run_bench(argv(args.concurrency, args.prompts))[0]),
+                   "with_batch": with_batch(server, client, file_id, argv(args.concurrency, args.prompts), args),
+                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts))[0])}
             doc["rounds"].append(rnd)
             doc["summary"] = ratios(doc["rounds"])
             save(doc, Path(args.out))

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "fleetllm.batch.cli",      # run
     "fleetllm.models_cli",     # models list / pull
     "fleetllm.serve.cli",      # serve
+    "fleetllm.batches.cli",    # batches list / status / cancel (the Batch API of a server)
     "fleetllm.query.cli",      # query
     "fleetllm.report.cli",     # report
     "fleetllm.cluster.cli",    # cluster, submit, status, logs, k8s

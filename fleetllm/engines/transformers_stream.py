@@ -76,6 +76,7 @@ class StreamRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0  # tokens generated for this request so far (all of its n rows)
     grammar: Any = None  # the compiled xgrammar grammar of its structured-output constraint, if any
+    priority: int = 0  # lower is gathered first (GenerationRequest.priority)
 
     @property
     def key(self) -> tuple:
@@ -121,7 +122,8 @@ class StreamBatcher:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = BatcherStats()
         self._stats_lock = threading.Lock()
-        self._inbox: queue.Queue[StreamRequest | None] = queue.Queue()
+        # ordered by (priority, arrival): a waiting interactive request is gathered before waiting batch rows
+        self._inbox: queue.PriorityQueue[tuple[int, int, StreamRequest | None]] = queue.PriorityQueue()
         self._ids = itertools.count()
         self._outbox: list[tuple[StreamRequest, Any]] = []  # this step's deltas, handed over together
         self._closed = False
@@ -135,7 +137,7 @@ class StreamBatcher:
 
     def close(self) -> None:
         self._closed = True
-        self._inbox.put(None)
+        self._put(None)
         self._thread.join(timeout=30)
 
     # --- the caller's side (asyncio) -------------------------------------------------------
@@ -151,11 +153,16 @@ class StreamBatcher:
         if sampling["n"] > self.max_batch_size:
             raise RowError(f"n={sampling['n']} exceeds the engine's max_batch_size {self.max_batch_size}")
         req = StreamRequest(request.request_id or f"s{next(self._ids)}", ids, sampling,
-                            asyncio.get_running_loop(), asyncio.Queue(), grammar=grammar)
+                            asyncio.get_running_loop(), asyncio.Queue(), grammar=grammar, priority=request.priority)
         with self._stats_lock:
             self.stats.queued += 1
-        self._inbox.put(req)
+        self._put(req)
         return req
+
+    def _put(self, req: StreamRequest | None, order: int | None = None) -> None:
+        """Enqueue by (priority, arrival order); `order` keeps a request's place when it is put back."""
+        priority = -1 if req is None else req.priority  # close() wakes the loop first
+        self._inbox.put((priority, next(self._ids) if order is None else order, req))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         prepared = None
@@ -196,12 +203,12 @@ class StreamBatcher:
         except BaseException as exc:  # noqa: BLE001 - a dead loop must fail pending requests, not hang them
             self.error = exc
             while not self._inbox.empty():
-                req = self._inbox.get_nowait()
+                req = self._inbox.get_nowait()[2]
                 if req is not None:
                     req.push(EngineError(f"the engine failed: {exc}"))
 
     def _gather(self) -> list[StreamRequest] | None:
-        first = self._inbox.get()
+        first = self._inbox.get()[2]
         if first is None:
             return None
         batch, rows = [first], first.sampling["n"]
@@ -210,13 +217,15 @@ class StreamBatcher:
         while rows < self.max_batch_size:
             timeout = min(self.batch_wait_s, cap - time.monotonic())
             try:
-                nxt = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+                entry = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             except queue.Empty:
                 break
+            nxt = entry[2]
             if nxt is None:
+                self._inbox.put(entry)  # close(): seen by the next _gather
                 break
             if rows + nxt.sampling["n"] > self.max_batch_size:
-                self._inbox.put(nxt)  # next batch
+                self._inbox.put(entry)  # next batch, in its place
                 break
             batch.append(nxt)
             rows += nxt.sampling["n"]

@@ -349,9 +349,11 @@ class VLLMEngine(Engine):
         done = object()
         request_id = self._request_id(request)
 
+        extra = {"priority": request.priority} if request.priority else {}  # needs scheduling_policy: priority
+
         async def pump() -> None:  # runs on the engine's loop
             try:
-                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id, **extra):
                     caller.call_soon_threadsafe(queue.put_nowait, out)
                 caller.call_soon_threadsafe(queue.put_nowait, done)
             except asyncio.CancelledError:

@@ -65,9 +65,11 @@ def _deployments():
     class OpenAIIngress:
         """The OpenAI HTTP API over the model deployments' handles."""
 
-        def __init__(self, handles: dict[str, Any], api_key: str | None = None) -> None:
+        def __init__(self, handles: dict[str, Any], api_key: str | None = None,
+                     batch_store: str | None = None) -> None:
             self.handles = handles
             self.api_key = api_key
+            self.batch_store = batch_store
 
         async def __serve_build_asgi_app__(self):
             backends = {}
@@ -75,7 +77,7 @@ def _deployments():
                 info = await handle.info.remote()
                 backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"),
                                                    info.get("task", "generate"))
-            return make_api(backends, api_key=self.api_key)
+            return make_api(backends, api_key=self.api_key, batch_store=self.batch_store)
 
     return LLMServer, OpenAIIngress
 
@@ -154,7 +156,9 @@ def build_openai_app(builder_config: dict[str, Any]):
     Args:
         builder_config: {"llm_configs": [LLMConfig | dict, ...], "api_key": str | None,
             "ingress": "auto" | "direct" | "separate" (default auto: direct for one model with the default
-            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front)}.
+            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front),
+            "batch_store": a folder or object-store URL: serve /v1/files and /v1/batches over it (the batches
+            run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one)}.
 
     Returns:
         A bound Ray Serve application; start it with `ray.serve.run(app)`.
@@ -171,10 +175,11 @@ def build_openai_app(builder_config: dict[str, Any]):
     from fleetllm.secrets import check_api_key
     from fleetllm.serve.spec import IngressMode, choose_ingress
 
-    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
+    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
-                        "ingress)")
+                        "ingress, batch_store)")
+    batch_store = builder_config.get("batch_store")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
             check_api_key(builder_config["api_key"], "build_openai_app: api_key")
@@ -202,7 +207,8 @@ def build_openai_app(builder_config: dict[str, Any]):
         return direct_deployment().options(
             name=deployment_name(cfg.model_id),
             backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
-            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S)
+            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
+                                        batch_store)
     LLMServer, OpenAIIngress = _deployments()
     handles, capacity = {}, 0
     for cfg in configs:
@@ -221,7 +227,7 @@ def build_openai_app(builder_config: dict[str, Any]):
     front = OpenAIIngress.options(
         max_ongoing_requests=capacity + 16, max_queued_requests=capacity + 16,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
-    return front.bind(handles, builder_config.get("api_key"))
+    return front.bind(handles, builder_config.get("api_key"), batch_store)
 
 
 def deployment_name(model_id: str) -> str:

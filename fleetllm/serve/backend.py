@@ -68,6 +68,8 @@ class ModelServer:
             kwargs = dict(config.engine_kwargs)
             if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            if name == "vllm" and self.task == "generate":  # interactive requests before Batch API rows
+                kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
@@ -162,7 +164,8 @@ class ModelServer:
                                     prompt_token_ids=payload.get("prompt_token_ids"),
                                     sampling=with_defaults(payload.get("sampling") or {}, self.default_sampling),
                                     chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                    request_id=payload.get("request_id", ""))
+                                    request_id=payload.get("request_id", ""),
+                                    priority=int(payload.get("priority") or 0))
         echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
         return request, echo
 

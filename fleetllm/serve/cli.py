@@ -35,8 +35,10 @@ def _serve(args) -> int:
         print("\n".join(plan_lines(spec, host, port)))
         return 0
     stop = threading.Event()
+    service = None
     try:
         url = run_serve(spec, host, port)
+        service = start_batch_service(spec, url)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
             signal.signal(sig, lambda *_: stop.set())
         print(f"serving {', '.join(m.model_id for m in spec.models)} at {url}  (Ctrl-C to stop)\n"
@@ -45,5 +47,19 @@ def _serve(args) -> int:
             pass
     finally:
         print("shutting down", flush=True)
+        if service is not None:
+            service.stop()  # a running batch stays in_progress: the next start resumes it
         stop_serve()
     return 0
+
+
+def start_batch_service(spec, url: str):
+    """The Batch API's runner (fleetllm.batch.api_service) against this server; None when batches are off."""
+    if spec.batch_store_url() is None:
+        return None
+    from fleetllm.batch.api_service import BatchService
+    from fleetllm.batches.store import BatchStore
+
+    base = url.replace("://0.0.0.0:", "://127.0.0.1:")  # the service calls this server itself
+    return BatchService(BatchStore(spec.batch_store_url()), base, spec.batch_models(),
+                        api_key=spec.effective_api_key(), shard_rows=spec.batches.shard_rows).start()

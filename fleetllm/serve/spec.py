@@ -107,6 +107,28 @@ class ServeModelSpec(ServedEngineSpec):
 IngressMode = Literal["auto", "direct", "separate"]
 
 
+class BatchesSpec(StrictModel):
+    """The OpenAI Batch API (`/v1/files`, `/v1/batches`) of the app (docs/batch-api.md)."""
+
+    enabled: bool = Field(True, description="Serve /v1/files and /v1/batches and run the batches.")
+    path: str | None = Field(
+        None, description="Folder or object-store prefix (s3://...) holding the uploaded files, the batches' "
+        "state and their jobs' output; default: $FLEETLLM_HOME/batches/<app name>.")
+    shard_rows: int = Field(100, ge=1, description="Requests per shard of a batch's job: the unit of commit (what a "
+                            "restart keeps and a cancel keeps as partial output).")
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Most batch requests in flight per model (the AIMD window's ceiling; the window "
+        "shrinks when latency rises). Default: half of the model's replicas x max_ongoing_requests, so "
+        "interactive requests always find room.")
+
+    def store_url(self, app_name: str) -> str:
+        if self.path:
+            return self.path
+        from fleetllm.models import fleetllm_home
+
+        return str(fleetllm_home() / "batches" / app_name)
+
+
 def choose_ingress(ingress: str, models: list[Any]) -> tuple[str, str]:
     """The path an app takes: ("direct" | "separate", why). `models` are ServeModelSpecs or LLMConfigs.
 
@@ -148,6 +170,8 @@ class ServeSpec(StrictModel):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
                                          description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
+    batches: BatchesSpec = Field(default_factory=BatchesSpec, description="The OpenAI Batch API: where its files "
+                                 "and state live, shard size, in-flight ceiling.")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "ServeSpec":
@@ -177,6 +201,27 @@ class ServeSpec(StrictModel):
             return check_api_key(env, f"${API_KEY_ENV}") if env is not None else None
         except ValueError as exc:
             raise SpecError(str(exc)) from None
+
+    def batch_store_url(self) -> str | None:
+        """Where the Batch API keeps its files and state; None when it is off."""
+        return self.batches.store_url(self.name) if self.batches.enabled else None
+
+    def batch_models(self) -> dict[str, dict[str, Any]]:
+        """model id -> {task, max_in_flight}: what the batch service validates and sends against."""
+        from fleetllm import models
+
+        out = {}
+        for m in self.models:
+            task = m.task
+            if task == "auto":
+                try:
+                    task = models.model_task(models.resolve(m.source, pull_missing=False))
+                except Exception:  # noqa: BLE001 - not resolvable here (the replicas fetch it): a generate model
+                    task = "generate"
+            replicas = m.autoscaling.max_replicas if m.autoscaling else m.replicas
+            window = self.batches.max_in_flight or max(1, replicas * m.max_ongoing_requests // 2)
+            out[m.model_id] = {"task": task, "max_in_flight": window}
+        return out
 
     def llm_configs(self) -> list["LLMConfig"]:
         configs = [m.to_llm_config() for m in self.models]

@@ -65,6 +65,7 @@ class OpenAIEngineKwargs(BaseModel):
         64.0, gt=0, description="Size cap of one response body, in MiB: a larger answer is refused unread past "
         "it (read as a stream) and kept as the row's error.")
     aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
 
     @model_validator(mode="before")
     @classmethod
@@ -184,6 +185,7 @@ class OpenAIHTTPEngine(Engine):
     async def _make_client(self) -> QueryClient:
         return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
                            timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller,
+                           headers=self.settings.headers,
                            max_response_bytes=int(self.settings.max_response_mb * 2 ** 20))
 
     def _run(self, coro) -> Future:

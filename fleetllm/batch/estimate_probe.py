@@ -1,0 +1,101 @@
+"""`fleetllm calibrate JOB.yaml`: a short probe of the job's engine on this machine. It plans the job
+(writing nothing to its output folder), starts one replica's engine in this process, and runs the
+job's first rows through it in calls of growing size (1, 2, 4, ... up to the rows a replica holds at
+once), so the fit sees the step time at several batch sizes and context lengths. The calls, the
+engine's start-up and the output lengths are added to the profile and the job's lengths under
+$FLEETLLM_HOME (fleetllm.estimate.store); later estimates and runs reuse them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from fleetllm.batch.estimate_job import batching, estimate_plan, layout, profile_key
+from fleetllm.estimate import store
+from fleetllm.estimate.estimate import PROBE_ROWS
+from fleetllm.estimate.observe import call_from_rows, group_calls, output_lengths
+from fleetllm.errors import PlanError
+
+
+def call_sizes(rows: int, cap: int) -> list[int]:
+    """1, 2, 4, ... up to `cap` rows per call, then calls of `cap` until `rows` are used."""
+    sizes, size, left = [], 1, rows
+    while left > 0:
+        take = min(size, cap, left)
+        sizes.append(take)
+        left -= take
+        size = min(size * 2, cap)
+    return sizes
+
+
+def probe_table(plan, rows: int):
+    """The job's first `rows` rows, preprocessed (and tokenized ahead where the engine takes ids)."""
+    from fleetllm.batch.job_plan import engine_pool
+    from fleetllm.batch.runner import make_preprocessor
+    from fleetllm.batch.shard_rows import read_shard_rows
+    from fleetllm.batch.stages import table_from_rows
+
+    pre = make_preprocessor(plan.spec, plan.task, plan.engine)
+    picked: list[dict] = []
+    for shard in plan.shards:
+        picked += [pre(r) for r in read_shard_rows(shard.to_dict(), plan.read_format, plan.columns,
+                                                    plan.spec.input.columns)]
+        if len(picked) >= rows:
+            break
+    table = table_from_rows(picked[:rows])
+    tokenize = engine_pool(plan).tokenize_stage_kwargs()
+    if tokenize is not None:
+        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+
+        table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
+    return table
+
+
+def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
+    """Probe the job's engine; returns what was measured and the job's estimate from the new profile."""
+    from fleetllm.batch.job_plan import engine_pool, plan_job
+    from fleetllm.batch.local_run import local_resources_for_run
+
+    t_plan = time.time()
+    plan = plan_job(spec, dry_run=True, resources=local_resources_for_run(spec))
+    if plan.task != "generate" or plan.engine == "openai":
+        raise PlanError(f"fleetllm calibrate measures a local engine generating text; this job is "
+                        f"{'an embed job' if plan.task != 'generate' else 'against an endpoint (engine openai)'}: "
+                        "its rate is measured while it runs")
+    table = probe_table(plan, rows)
+    plan_s = time.time() - t_plan
+    if table.num_rows == 0:
+        raise PlanError(f"the job's input {spec.input.path!r} has no rows to probe")
+    kind = batching(plan.engine)
+    sizes = call_sizes(table.num_rows, max(1, layout(plan).concurrency))
+    pool = engine_pool(plan)
+    if plan.engine == "vllm":  # as a local run: a plain process may fork vLLM's engine core
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    t_start = time.time()
+    stage = pool.stage_class()(**pool.stage_kwargs(), node_id="probe")  # configured as the job's replicas
+    startup = time.time() - t_start
+    calls, lengths, at = [], [], 0
+    try:
+        stage(table.slice(0, 1))  # warm-up: first-call costs a run pays once, not per call
+        for size in sizes:
+            out = stage(table.slice(at, size)).to_pylist()
+            at += size
+            calls += [call_from_rows(c, kind) for c in group_calls(out)]
+            lengths += output_lengths(out)
+    finally:
+        t_stop = time.time()
+        stage.engine.stop()
+        stop_s = time.time() - t_stop
+    key = profile_key(plan)
+    profile = store.load_profile(key) or store.Profile(key, kind)
+    profile.max_model_len = stage.engine.max_model_len or profile.max_model_len
+    profile.add(calls, {"kind": "probe", "job": spec.name, "rows": table.num_rows}, startup, plan_s + stop_s)
+    path = store.save_profile(profile)
+    store.save_lengths(plan.fingerprint, lengths, "probe", spec.name)
+    rates = profile.rates()
+    return {"profile": str(path), "key": key, "calls": [c.to_dict() for c in calls], "startup_s": round(startup, 2),
+            "fit": rates.as_dict(), "prefill_tokens_per_s": rates.prefill_tokens_per_s(),
+            "decode_tokens_per_s": {b: round(rates.decode_tokens_per_s(b, 512), 1) for b in (1, 8, 32, 128)},
+            "estimate": estimate_plan(plan)}

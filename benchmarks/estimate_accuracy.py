@@ -35,20 +35,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 LOCK = "/tmp/fleetllm-heavy.lock"
 CPU_MODEL = "smollm2-135m-instruct"
-COUNTRIES = ("France Spain Italy Germany Japan Peru Chile Kenya Egypt Norway Sweden Poland Canada Mexico Brazil "
-             "India China Ghana Nepal Cuba Iran Iraq Laos Mali Oman Fiji Chad Togo Benin Niger Qatar Yemen").split()
-TOPICS = ("the history of bridges", "how bees make honey", "a trip to the mountains", "the life of a lighthouse "
-          "keeper", "why the sky is blue", "the invention of paper", "a day at a busy market", "learning to swim")
+COUNTRIES = ["France", "Spain", "Italy", "Germany", "Japan", "Peru", "Chile", "Kenya", "Egypt", "Norway", "Sweden", "Poland", "Canada", "Mexico", "Brazil", "India", "China", "Ghana", "Nepal", "Cuba", "Iran", "Iraq", "Laos", "Mali", "Oman", "Fiji", "Chad", "Togo", "Benin", "Niger", "Qatar", "Yemen"]
+TOPICS = ("the history of bridges", "how bees make honey", "a trip to the mountains", "a lighthouse keeper's life",
+          "why the sky is blue", "the invention of paper", "a day at a busy market", "learning to swim")
 
 
 def cpu_jobs(scale: float) -> dict[str, dict]:
     """name -> {rows, sampling, compute}: three shapes of job for the embedded model."""
     rng = random.Random(37)
-    n = lambda k: max(8, int(k * scale))  # noqa: E731
+    n = lambda k: max(8, int(k * scale))
     short = [{"id": f"s{i}", "text": f"What is the capital of {COUNTRIES[i % len(COUNTRIES)]}? Answer in one word."}
              for i in range(n(64))]
     long = [{"id": f"l{i}", "text": f"Write a detailed essay about {TOPICS[i % len(TOPICS)]}."} for i in range(n(20))]
-    words = "river stone market light paper voice garden winter engine field harbor story".split()
+    words = ["river", "stone", "market", "light", "paper", "voice", "garden", "winter", "engine", "field", "harbor", "story"]
     docs = [" ".join(rng.choice(words) for _ in range(170)) for _ in range(max(2, n(8)))]
     prefix = [{"id": f"d{d}q{q}", "text": f"Document:\n{doc}\n\nQuestion {q}: which word appears most often?"}
               for d, doc in enumerate(docs) for q in range(6)]
@@ -57,10 +56,9 @@ def cpu_jobs(scale: float) -> dict[str, dict]:
 
 
 def gpu_jobs(tokenizer_dir: str, workloads: list[str], model: str) -> dict[str, dict]:
-    from transformers import AutoTokenizer
-
     from gpu_workloads import make_workload
     from prefix import workload as prefix_workload
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     jobs = {}
@@ -93,11 +91,11 @@ def write_job(work: Path, name: str, job: dict, model: str, engine: str, engine_
 
 
 def fleetllm(args: list[str], home: Path, lock: bool, timeout: float) -> tuple[int, str, float]:
-    env = {**os.environ, "FLEETLLM_HOME": str(home),
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, "FLEETLLM_HOME": str(home),
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     cmd = ([ "flock", LOCK] if lock else []) + [sys.executable, "-m", "fleetllm", *args]
     t0 = time.time()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
     return p.returncode, p.stdout, time.time() - t0
@@ -113,7 +111,8 @@ def new_home(path: Path, models_from: Path | None) -> Path:
 def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.Namespace) -> list[dict]:
     """Probe every job, then estimate and run each from the next job's profile."""
     user_home = Path(os.environ.get("FLEETLLM_HOME", Path.home() / ".cache" / "fleetllm")).expanduser()
-    kwargs = json.loads(a.engine_kwargs) if a.engine_kwargs else {}
+    kwargs = json.loads(a.engine_kwargs) if a.engine_kwargs else (
+        {"max_model_len": 2048, "enforce_eager": True} if engine == "vllm" and a.mode == "cpu" else {})
     compute = json.loads(a.compute) if a.compute else ({"batch_size": 4, "shards": 16} if engine == "transformers" else
                                                      {"batch_size": 4, "batches_in_flight": 4, "shards": 16})
     specs = {name: write_job(work, f"{engine}-{name}", job, a.model, engine, kwargs, dict(compute))

@@ -16,7 +16,13 @@ from typing import Any
 
 from fleetllm.estimate import store
 from fleetllm.estimate.deadline import choose_replicas, seconds_until
-from fleetllm.estimate.estimate import JobShape, Layout, concurrency_for, estimate, probe_cost
+from fleetllm.estimate.estimate import (
+    JobShape,
+    Layout,
+    concurrency_for,
+    estimate,
+    probe_cost,
+)
 from fleetllm.estimate.model import CONTINUOUS, STATIC
 
 COUNT_ALL_ROWS = 2000  # up to this many rows every prompt is tokenized; above, a sample
@@ -85,17 +91,18 @@ def token_ids(plan, rows: list[dict]) -> tuple[list[list[int] | None], str]:
             else:
                 text = render_prompt(tok, req, kwargs)
                 out.append(tok(text, add_special_tokens=req.messages is None)["input_ids"])
-        except Exception:
+        except Exception:  # noqa: BLE001 - the replica records this row's error; here it only counts as unbuilt
             out.append(None)
     return out, ("tokenized" if tok is not None else "characters / 4 (no local tokenizer)")
 
 
-def cached_tokens(ids: list[list[int]], order_key=None) -> int:
-    """Prompt tokens a prefix cache finds when the prompts run in this order: whole blocks whose
-    prefix an earlier prompt computed (vLLM's block hashing), never the whole prompt."""
+def cached_tokens(ids: list[list[int]]) -> int:
+    """Prompt tokens a prefix cache finds: whole blocks whose prefix an earlier prompt computed (vLLM's
+    block hashing), never the whole prompt. The cache is taken as large enough to keep every prefix
+    (grouped jobs run a prefix's rows together, so that holds for them)."""
     seen: set[bytes] = set()
     total = 0
-    for row in sorted(ids, key=order_key) if order_key else ids:
+    for row in ids:
         h = hashlib.sha1()
         hit = True
         for b in range(len(row) // BLOCK):
@@ -127,13 +134,15 @@ def job_shape(plan) -> JobShape:
     counted = len(rows) == total
     prompt = round(sum(len(x) for x in built) * scale)
     cache_on = plan.engine == "vllm" and plan.engine_kwargs.get("enable_prefix_caching", True)
-    cached = round(cached_tokens(built, order_key=None) * scale) if cache_on else 0
+    cached = round(cached_tokens(built) * scale) if cache_on else 0
     limit = max_model_len(plan)
     past = round(sum(1 for x in built if limit and len(x) >= limit) * scale)
     sampling = plan.spec.sampling
     seen = store.load_lengths(plan.fingerprint)
-    lengths, lengths_how = (tuple(seen["lengths"]), f"lengths seen in this job's {seen['source']} "
-                            f"({len(seen['lengths'])} completions)") if seen else row_limits(rows)
+    if seen:
+        lengths, lengths_how = tuple(seen["lengths"]), f"lengths seen in this job's {seen['source']} ({len(seen['lengths'])} completions)"
+    else:
+        lengths, lengths_how = row_limits(rows)
     return JobShape(
         total, prompt, f"counted ({how})" if counted else f"estimated from a sample of {len(rows)} rows ({how})",
         cached, past, sampling.n, sampling.max_tokens, lengths,

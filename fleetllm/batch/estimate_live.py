@@ -8,11 +8,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fleetllm.batch.estimate_job import batching, estimate_plan, job_shape, layout, profile_key
+from fleetllm.batch.estimate_job import (
+    batching,
+    estimate_plan,
+    job_shape,
+    layout,
+    profile_key,
+)
 from fleetllm.estimate import store
 from fleetllm.estimate.estimate import Eta
 from fleetllm.estimate.model import CONTINUOUS
-from fleetllm.estimate.observe import call_from_rows, group_calls, output_lengths, window_from_calls
+from fleetllm.estimate.observe import (
+    call_from_rows,
+    group_calls,
+    output_lengths,
+    window_from_calls,
+)
 
 OBSERVE_S = 300.0  # engine calls kept from a run's first minutes
 KEEP_COLUMNS = ("error", "_replica", "_started", "_finished", "_ready", "num_input_tokens",

@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 from fleetllm.batch.estimate_job import batching, estimate_plan, layout, profile_key
+from fleetllm.errors import PlanError
 from fleetllm.estimate import store
 from fleetllm.estimate.estimate import PROBE_ROWS
 from fleetllm.estimate.observe import call_from_rows, group_calls, output_lengths
-from fleetllm.errors import PlanError
 
 
 def call_sizes(rows: int, cap: int) -> list[int]:

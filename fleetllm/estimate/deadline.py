@@ -9,8 +9,8 @@ names the shortfall: the estimate, how far past the deadline, and the replicas i
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
-from typing import Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from fleetllm.errors import PlanError
 
@@ -28,12 +28,12 @@ def parse_deadline(value: str) -> tuple[str, float]:
     if _DURATION.match(text):
         return "duration", sum(float(n) * _UNITS[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)\s*([smhd])", text))
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(text)
     except ValueError:
         raise ValueError(f"compute.deadline {value!r} is neither a duration (e.g. 90m, 2h30m, 45s, 1d) nor a time "
                          "(e.g. 2026-12-06T08:00:00Z)") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return "time", when.timestamp()
 
 
@@ -43,7 +43,7 @@ def seconds_until(value: str, now: float) -> float:
 
 
 def fmt_s(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 

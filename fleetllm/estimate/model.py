@@ -27,8 +27,8 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 COEFFICIENTS = ("per_call_s", "per_prefill_token_s", "per_step_s", "per_seq_step_s", "per_ctx_kstep_s")
 STATIC, CONTINUOUS = "static", "continuous"  # how the engine batches (transformers: static; vllm: continuous)

@@ -10,8 +10,8 @@ overlapped are read as one window at their average concurrency.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from fleetllm.estimate.model import CONTINUOUS, Call
 

@@ -95,7 +95,7 @@ class Profile:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
         return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
                    list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"))
 

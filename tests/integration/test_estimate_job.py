@@ -5,10 +5,16 @@ refusing a plan. The tiny random-weight model on the transformers engine."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from fleetllm.batch.estimate_job import apply_deadline, cached_tokens, job_shape, profile_key
+from fleetllm.batch.estimate_job import (
+    apply_deadline,
+    cached_tokens,
+    job_shape,
+    profile_key,
+)
 from fleetllm.batch.estimate_probe import call_sizes
 from fleetllm.batch.job_plan import plan_job
 from fleetllm.cli import main
@@ -68,7 +74,7 @@ def test_dry_run_json_counts_prompt_tokens_and_says_no_profile(home, tmp_path, t
     est = out["estimate"]
     assert est["wall_s"] is None and est["no_profile"]["probe"]["rows"] == 24
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    rows = [json.loads(x) for x in open(job["input"]["path"])]
+    rows = [json.loads(x) for x in Path(job["input"]["path"]).read_text().splitlines()]
     expected = sum(len(tok(tok.apply_chat_template([{"role": "user", "content": r["text"]}], tokenize=False,
                                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"])
                    for r in rows)
@@ -105,7 +111,7 @@ def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, 
 
 
 def test_run_keeps_its_estimate_and_teaches_the_profile(home, tmp_path, tiny_model, capsys):
-    path, job = write_job(tmp_path, tiny_model, rows=24)
+    path, _ = write_job(tmp_path, tiny_model, rows=24)
     assert main(["run", path]) == 0
     report = json.loads(next((tmp_path / "out").rglob("run.json")).read_text())
     est = report["estimate"]

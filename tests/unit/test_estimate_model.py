@@ -9,10 +9,30 @@ import math
 import pytest
 
 from fleetllm.estimate import store
-from fleetllm.estimate.deadline import DeadlineError, choose_replicas, parse_deadline, seconds_until
+from fleetllm.estimate.deadline import (
+    DeadlineError,
+    choose_replicas,
+    parse_deadline,
+    seconds_until,
+)
 from fleetllm.estimate.estimate import Eta, JobShape, Layout, estimate
-from fleetllm.estimate.model import CONTINUOUS, STATIC, Call, Work, expected_max, fit, planned_calls, predict_work
-from fleetllm.estimate.observe import CallRows, RowTokens, call_from_rows, group_calls, window_from_calls
+from fleetllm.estimate.model import (
+    CONTINUOUS,
+    STATIC,
+    Call,
+    Work,
+    expected_max,
+    fit,
+    planned_calls,
+    predict_work,
+)
+from fleetllm.estimate.observe import (
+    CallRows,
+    RowTokens,
+    call_from_rows,
+    group_calls,
+    window_from_calls,
+)
 
 TRUE = (0.05, 0.002, 0.01, 0.003, 0.0004)  # per call, per prefill token, per step, per seq-step, per ctx kstep
 
@@ -105,7 +125,7 @@ def test_eta_follows_measured_speed_and_lengths():
     sh = shape(rows=640, prompt_tokens=640 * 100)
     lay = Layout(1, 0, 2, 16, 16, STATIC)
     eta = Eta(sh, lay, rates)
-    work = lambda rows: predict_work(rates, Work(rows, 100, 0, (50,) * 10, 1, STATIC, 16, 16))  # noqa: E731
+    work = lambda rows: predict_work(rates, Work(rows, 100, 0, (50,) * 10, 1, STATIC, 16, 16))
     on_model = eta.seconds_left(64, 64 * 50, work(64))
     assert on_model == pytest.approx(work(576), rel=0.02)
     slower = eta.seconds_left(64, 64 * 50, 2 * work(64))
@@ -127,7 +147,7 @@ def test_deadline_forms():
 
 
 def test_choose_replicas_takes_the_fewest_and_refuses_with_the_shortfall():
-    wall = lambda k: (60 + 1200 / k, 60 + 1320 / k)  # noqa: E731
+    wall = lambda k: (60 + 1200 / k, 60 + 1320 / k)
     k, why = choose_replicas(wall, 480, 8, "8m", "the cluster has room for")
     assert k == 4 and "4 replica(s)" in why  # 3 replicas: up to 500 s, past the 480
     with pytest.raises(DeadlineError) as err:

@@ -46,12 +46,12 @@ def cpu_jobs(scale: float) -> dict[str, dict]:
     n = lambda k: max(8, int(k * scale))
     short = [{"id": f"s{i}", "text": f"What is the capital of {COUNTRIES[i % len(COUNTRIES)]}? Answer in one word."}
              for i in range(n(64))]
-    long = [{"id": f"l{i}", "text": f"Write a detailed essay about {TOPICS[i % len(TOPICS)]}."} for i in range(n(20))]
+    long = [{"id": f"l{i}", "text": f"Write a detailed essay about {TOPICS[i % len(TOPICS)]}."} for i in range(n(32))]
     words = ["river", "stone", "market", "light", "paper", "voice", "garden", "winter", "engine", "field", "harbor", "story"]
     docs = [" ".join(rng.choice(words) for _ in range(170)) for _ in range(max(2, n(8)))]
     prefix = [{"id": f"d{d}q{q}", "text": f"Document:\n{doc}\n\nQuestion {q}: which word appears most often?"}
               for d, doc in enumerate(docs) for q in range(6)]
-    return {"short": {"rows": short, "max_tokens": 16}, "long": {"rows": long, "max_tokens": 128},
+    return {"short": {"rows": short, "max_tokens": 16}, "long": {"rows": long, "max_tokens": 96},
             "prefix": {"rows": prefix, "max_tokens": 16}}
 
 
@@ -83,7 +83,7 @@ def write_job(work: Path, name: str, job: dict, model: str, engine: str, engine_
             "input": {"path": str(rows_path), "id_column": "id"}, "prompt": {"template": "{text}"},
             "sampling": {"max_tokens": job["max_tokens"], "temperature": 0.0},
             "output": {"path": str(work / f"out-{name}"), "format": "jsonl",
-                       "shard_rows": max(1, len(job["rows"]) // compute.pop("shards", 16))},
+                       "shard_rows": compute.pop("shard_rows", None) or compute["batch_size"]},
             "compute": compute}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -113,8 +113,8 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
     user_home = Path(os.environ.get("FLEETLLM_HOME", Path.home() / ".cache" / "fleetllm")).expanduser()
     kwargs = json.loads(a.engine_kwargs) if a.engine_kwargs else (
         {"max_model_len": 2048, "enforce_eager": True} if engine == "vllm" and a.mode == "cpu" else {})
-    compute = json.loads(a.compute) if a.compute else ({"batch_size": 4, "shards": 16} if engine == "transformers" else
-                                                     {"batch_size": 4, "batches_in_flight": 4, "shards": 16})
+    compute = json.loads(a.compute) if a.compute else ({"batch_size": 4} if engine == "transformers" else
+                                                     {"batch_size": 4, "batches_in_flight": 4})
     specs = {name: write_job(work, f"{engine}-{name}", job, a.model, engine, kwargs, dict(compute))
              for name, job in jobs.items()}
     names = list(specs)
@@ -192,7 +192,7 @@ def main() -> None:
     p.add_argument("--shape", default="llama3-8b-shape")
     p.add_argument("--workloads", default="a1024,a4096,b1024,docs")
     p.add_argument("--engine-kwargs", default=None, help="JSON")
-    p.add_argument("--compute", default=None, help="JSON: the jobs' compute section (+ shards: shards per job)")
+    p.add_argument("--compute", default=None, help="JSON: the jobs' compute section (+ shard_rows; default batch_size)")
     p.add_argument("--timeout", type=float, default=480)
     p.add_argument("--no-lock", action="store_true",
                    help="cpu: the caller holds the heavy lock for the whole run (flock LOCK python ... --no-lock)")
@@ -213,7 +213,7 @@ def main() -> None:
         a.model = a.model or make_models(a.tokenizer_dir, work / "models")[a.shape]
         a.lock, engines = False, ["vllm"]
         a.engine_kwargs = a.engine_kwargs or json.dumps({"load_format": "dummy", "max_model_len": 8192})
-        a.compute = a.compute or json.dumps({"batch_size": 64, "shards": 32})
+        a.compute = a.compute or json.dumps({"batch_size": 64})
         jobs = gpu_jobs(a.tokenizer_dir, a.workloads.split(","), a.model)
     results = [r for engine in engines for r in measure_engine(engine, jobs, work, a)]
     print(table(results))

@@ -46,14 +46,23 @@ def profile_key(plan) -> dict[str, Any]:
                            f"x{parallel_size(kw) if plan.engine == 'vllm' else 1}"}
 
 
+def job_key(plan) -> str:
+    """What a job's output lengths depend on: the model (by its source, not where it is cached), the
+    engine, the prompt and the sampling (structured outputs included); not the input's files."""
+    parts = {k: v for k, v in plan.parts.items() if k not in ("model", "engine_kwargs", "output_format", "input_columns")}
+    text = json.dumps({**parts, "model": plan.spec.model.source}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def layout(plan, replicas: int | None = None) -> Layout:
     from fleetllm.engines.vllm_defaults import FALLBACK_MAX_NUM_SEQS
 
     rp = plan.replica_plan
     seqs = plan.engine_kwargs.get("max_num_seqs") or (FALLBACK_MAX_NUM_SEQS if plan.engine == "vllm" else None)
     kind = batching(plan.engine)
-    return Layout(replicas or plan.replicas, rp.gpus_per_replica, rp.cpus_per_replica, plan.rows_per_call,
-                  concurrency_for(kind, plan.rows_per_call, plan.in_flight, seqs), kind,
+    per_call = min(plan.rows_per_call, plan.spec.output.shard_rows)  # a call never spans two shards
+    return Layout(replicas or plan.replicas, rp.gpus_per_replica, rp.cpus_per_replica, per_call,
+                  concurrency_for(kind, per_call, plan.in_flight, seqs), kind,
                   plan.spec.compute.price_per_accelerator_hour)
 
 
@@ -138,7 +147,7 @@ def job_shape(plan) -> JobShape:
     limit = max_model_len(plan)
     past = round(sum(1 for x in built if limit and len(x) >= limit) * scale)
     sampling = plan.spec.sampling
-    seen = store.load_lengths(plan.fingerprint)
+    seen = store.load_lengths(job_key(plan))
     if seen:
         lengths, lengths_how = tuple(seen["lengths"]), f"lengths seen in this job's {seen['source']} ({len(seen['lengths'])} completions)"
     else:

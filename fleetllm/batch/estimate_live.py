@@ -11,6 +11,7 @@ from typing import Any
 from fleetllm.batch.estimate_job import (
     batching,
     estimate_plan,
+    job_key,
     job_shape,
     layout,
     profile_key,
@@ -105,4 +106,4 @@ class RunEstimate:
         profile.add(observed, {"kind": "run", "job": self.plan.spec.name, "rows": report.get("rows_computed")},
                     startup, overhead)
         store.save_profile(profile)
-        store.save_lengths(self.plan.fingerprint, self.lengths, "previous run", self.plan.spec.name)
+        store.save_lengths(job_key(self.plan), self.lengths, "previous run", self.plan.spec.name)

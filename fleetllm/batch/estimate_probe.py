@@ -1,18 +1,26 @@
 """`fleetllm calibrate JOB.yaml`: a short probe of the job's engine on this machine. It plans the job
 (writing nothing to its output folder), starts one replica's engine in this process, and runs the
 job's first rows through it in calls of growing size (1, 2, 4, ... up to the rows a replica holds at
-once), so the fit sees the step time at several batch sizes and context lengths. The calls, the
+once), every other call with its max_tokens cut to a quarter, so the fit sees the step time at
+several batch sizes, context lengths and numbers of steps. The calls, the
 engine's start-up and the output lengths are added to the profile and the job's lengths under
 $FLEETLLM_HOME (fleetllm.estimate.store); later estimates and runs reuse them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
-from fleetllm.batch.estimate_job import batching, estimate_plan, layout, profile_key
+from fleetllm.batch.estimate_job import (
+    batching,
+    estimate_plan,
+    job_key,
+    layout,
+    profile_key,
+)
 from fleetllm.errors import PlanError
 from fleetllm.estimate import store
 from fleetllm.estimate.estimate import PROBE_ROWS
@@ -30,12 +38,10 @@ def call_sizes(rows: int, cap: int) -> list[int]:
     return sizes
 
 
-def probe_table(plan, rows: int):
-    """The job's first `rows` rows, preprocessed (and tokenized ahead where the engine takes ids)."""
-    from fleetllm.batch.job_plan import engine_pool
+def probe_rows(plan, rows: int) -> list[dict]:
+    """The job's first `rows` rows, preprocessed as the job does."""
     from fleetllm.batch.runner import make_preprocessor
     from fleetllm.batch.shard_rows import read_shard_rows
-    from fleetllm.batch.stages import table_from_rows
 
     pre = make_preprocessor(plan.spec, plan.task, plan.engine)
     picked: list[dict] = []
@@ -44,13 +50,32 @@ def probe_table(plan, rows: int):
                                                     plan.spec.input.columns)]
         if len(picked) >= rows:
             break
-    table = table_from_rows(picked[:rows])
+    return picked[:rows]
+
+
+def call_table(plan, rows: list[dict], cap: int | None):
+    """A call's rows as the engine stage takes them (tokenized ahead where the engine takes ids), their
+    max_tokens cut to `cap` when given: calls of fewer steps, so the fit tells a step's cost from a
+    call's."""
+    from fleetllm.batch.job_plan import engine_pool
+    from fleetllm.batch.stages import table_from_rows
+
+    if cap is not None:
+        rows = [{**r, "sampling_params": json.dumps({**sampling_of(r, plan), "max_tokens": cap})} for r in rows]
+    table = table_from_rows(rows)
     tokenize = engine_pool(plan).tokenize_stage_kwargs()
     if tokenize is not None:
         from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
         table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
     return table
+
+
+def sampling_of(row: dict, plan) -> dict:
+    sp = row.get("sampling_params")
+    sp = json.loads(sp) if isinstance(sp, str) else dict(sp or {})
+    sp.setdefault("max_tokens", plan.spec.sampling.max_tokens)
+    return sp
 
 
 def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
@@ -64,12 +89,12 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
         raise PlanError(f"fleetllm calibrate measures a local engine generating text; this job is "
                         f"{'an embed job' if plan.task != 'generate' else 'against an endpoint (engine openai)'}: "
                         "its rate is measured while it runs")
-    table = probe_table(plan, rows)
+    picked = probe_rows(plan, rows)
     plan_s = time.time() - t_plan
-    if table.num_rows == 0:
+    if not picked:
         raise PlanError(f"the job's input {spec.input.path!r} has no rows to probe")
     kind = batching(plan.engine)
-    sizes = call_sizes(table.num_rows, max(1, layout(plan).concurrency))
+    sizes = call_sizes(len(picked), max(1, layout(plan).concurrency))
     pool = engine_pool(plan)
     if plan.engine == "vllm":  # as a local run: a plain process may fork vLLM's engine core
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
@@ -78,12 +103,15 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     startup = time.time() - t_start
     calls, lengths, at = [], [], 0
     try:
-        stage(table.slice(0, 1))  # warm-up: first-call costs a run pays once, not per call
-        for size in sizes:
-            out = stage(table.slice(at, size)).to_pylist()
+        stage(call_table(plan, picked[:1], None))  # warm-up: first-call costs a run pays once, not per call
+        for i, size in enumerate(sizes):  # every other call cut to a quarter of its max_tokens
+            full = max(sampling_of(r, plan)["max_tokens"] for r in picked[at:at + size])
+            cap = max(2, full // 4) if i % 2 else None
+            out = stage(call_table(plan, picked[at:at + size], cap)).to_pylist()
             at += size
             calls += [call_from_rows(c, kind) for c in group_calls(out)]
-            lengths += output_lengths(out)
+            if cap is None:  # the job's own lengths
+                lengths += output_lengths(out)
     finally:
         t_stop = time.time()
         stage.engine.stop()
@@ -91,9 +119,9 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     key = profile_key(plan)
     profile = store.load_profile(key) or store.Profile(key, kind)
     profile.max_model_len = stage.engine.max_model_len or profile.max_model_len
-    profile.add(calls, {"kind": "probe", "job": spec.name, "rows": table.num_rows}, startup, plan_s + stop_s)
+    profile.add(calls, {"kind": "probe", "job": spec.name, "rows": len(picked)}, startup, plan_s + stop_s)
     path = store.save_profile(profile)
-    store.save_lengths(plan.fingerprint, lengths, "probe", spec.name)
+    store.save_lengths(job_key(plan), lengths, "probe", spec.name)
     rates = profile.rates()
     return {"profile": str(path), "key": key, "calls": [c.to_dict() for c in calls], "startup_s": round(startup, 2),
             "fit": rates.as_dict(), "prefill_tokens_per_s": rates.prefill_tokens_per_s(),

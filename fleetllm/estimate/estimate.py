@@ -129,7 +129,7 @@ class Eta:
         if rows_done <= 0 or elapsed_s <= 0:
             return None
         frac = rows_done / max(1, rows_total)
-        w = frac / (frac + 0.05)
+        w = frac / (frac + 0.02)
         seen_mean = output_tokens_done / (rows_done * self.shape.n)
         mean = self.prior_mean + w * (seen_mean - self.prior_mean)
         if self.rates is None:

@@ -3,8 +3,8 @@
     $FLEETLLM_HOME/profiles/<key>.json   one per model x engine x engine version x accelerator x
                                          parallelism: the observed engine calls, start-up times,
                                          per-run overheads, and the fit (fleetllm.estimate.model)
-    $FLEETLLM_HOME/lengths/<job>.json    the output tokens per completion seen for a job (by its
-                                         fingerprint: the same model, prompt and sampling)
+    $FLEETLLM_HOME/lengths/<job>.json    the output tokens per completion seen for a job (by its key:
+                                         the same model, engine, prompt and sampling)
 
 A probe (`fleetllm calibrate`) and every run add to them; files are replaced atomically (write, then
 rename), so a reader never sees half a file.

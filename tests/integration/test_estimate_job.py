@@ -130,3 +130,18 @@ def test_prefix_cache_and_probe_sizes():
     assert cached_tokens([doc, doc]) == 32  # never the whole prompt (its last block is computed again)
     assert call_sizes(12, 4) == [1, 2, 4, 4, 1]
     assert call_sizes(3, 16) == [1, 2]
+
+
+def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, tiny_model, capsys):
+    path, _ = write_job(tmp_path, tiny_model, rows=10)
+    capsys.readouterr()
+    assert main(["calibrate", path, "--rows", "7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    calls = out["calls"]
+    assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls] == [1, 2, 4]  # rows per call: 1, 2, 4
+    assert len({c["steps"] for c in calls}) > 1  # every other call cut to a quarter of max_tokens
+    profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
+    assert profile["sources"][-1] == {**profile["sources"][-1], "kind": "probe", "rows": 7}
+    assert profile["startup_s"] and len(profile["calls"]) == len(calls)
+    assert len(json.loads(next((home / "lengths").glob("*.json")).read_text())["lengths"]) == 1 + 4  # full calls
+    assert out["estimate"]["wall_s"] is not None and not (tmp_path / "out").exists()

@@ -152,8 +152,9 @@ def job_shape(plan) -> JobShape:
         lengths, lengths_how = tuple(seen["lengths"]), f"lengths seen in this job's {seen['source']} ({len(seen['lengths'])} completions)"
     else:
         lengths, lengths_how = row_limits(rows)
+    label = ("counted" if how == "tokenized" else "estimated") if counted else f"estimated from a sample of {len(rows)} rows"
     return JobShape(
-        total, prompt, f"counted ({how})" if counted else f"estimated from a sample of {len(rows)} rows ({how})",
+        total, prompt, f"{label} ({how})",
         cached, past, sampling.n, sampling.max_tokens, lengths,
         lengths_how or f"max_tokens {sampling.max_tokens} (no lengths seen yet for this job)",
         structured=bool(plan.spec.sampling.as_params().get("response_format")
@@ -179,8 +180,9 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
     profile = store.load_profile(key) if plan.task == "generate" else None
     if profile is None or not profile.calls:
         out = estimate(shape, layout(plan), None)
-        out["no_profile"] = {"profile_key": key, "probe": probe_cost(shape),
-                             "command": f"fleetllm calibrate {plan.spec.name}.yaml"}
+        out["no_profile"] = {"profile_key": key, "probe": probe_cost(shape)} if plan.engine != "openai" else {
+            "profile_key": key, "measured_by": "the first run of a job against this endpoint's model (its calls' "
+                                              "measured rate); the next estimate uses it"}
         return out
     return estimate(shape, layout(plan), profile.rates(), profile.startup(), profile.overhead(), profile.name)
 

@@ -23,6 +23,9 @@ def describe(est: dict[str, Any]) -> list[str]:
     if est.get("rows_past_context"):
         lines.append(f"           {est['rows_past_context']:,} row(s) have prompts past the model's context: "
                      "each gets an error, no output")
+    if est.get("wall_s") is None and (est.get("no_profile") or {}).get("measured_by"):
+        lines.append(f"           time: no profile yet; measured by {est['no_profile']['measured_by']}")
+        return lines
     if est.get("wall_s") is None:
         probe = (est.get("no_profile") or {}).get("probe") or {}
         lines.append("           time: no profile yet for this model, engine and accelerator; "

@@ -32,21 +32,33 @@ KEEP_COLUMNS = ("error", "_replica", "_started", "_finished", "_ready", "num_inp
 
 
 class RunEstimate:
+    """`shape` None: the job's shape (its prompts tokenized in this process) is made at the first
+    commit, once the engine runs, so a run's start waits for no tokenizer; the profile is the one the
+    run started with either way (this run's calls are added only when it ends)."""
+
     def __init__(self, plan, t0: float, shape=None) -> None:
-        self.plan, self.t0 = plan, t0
-        self.shape = shape or job_shape(plan)
-        self.at_start = estimate_plan(plan, self.shape)
+        self.plan, self.t0, self.shape = plan, t0, shape
         self.key = profile_key(plan)
         profile = store.load_profile(self.key)
-        rates = profile.rates() if profile is not None and profile.calls else None
-        self.eta_model = Eta(self.shape, layout(plan), rates)
+        self.rates = profile.rates() if profile is not None and profile.calls else None
+        self.at_start: dict[str, Any] | None = None
+        self.eta_model: Eta | None = None
+        if shape is not None:
+            self._made()
         self.ready: float | None = None
         self.calls: list = []  # fleetllm.estimate.observe.CallRows
         self.lengths: list[int] = []
         self.log: list[list[float]] = []  # [seconds since start, rows done, ETA seconds]
 
+    def _made(self) -> None:
+        if self.eta_model is None:
+            self.shape = self.shape or job_shape(self.plan)
+            self.at_start = estimate_plan(self.plan, self.shape)
+            self.eta_model = Eta(self.shape, layout(self.plan), self.rates)
+
     def observe(self, table) -> None:
         """A batch of rows back from the replicas (pyarrow), before it is committed."""
+        self._made()
         cols = [c for c in KEEP_COLUMNS if c in table.column_names]
         rows = table.select(cols).to_pylist()
         readies = [r["_ready"] for r in rows if r.get("_ready")]
@@ -69,6 +81,7 @@ class RunEstimate:
     def finish(self, report: dict[str, Any]) -> None:
         """run.json's `estimate` (at the start, what happened, the ETAs shown), then the profile and the
         job's lengths are updated."""
+        self._made()
         timeline = report.get("timeline_s", {})
         start = timeline.get("t0", 0.0)
         report["estimate"] = {

@@ -180,9 +180,10 @@ def run_estimate(plan, t0: float, console: Console) -> RunEstimate | None:
     the run keeps (generate jobs; fleetllm.batch.estimate_live)."""
     if plan.task != "generate":
         return None
-    shape = job_shape(plan)
-    deadline = apply_deadline(plan, shape)
-    if deadline is not None:
+    shape = None
+    if plan.spec.compute.deadline:  # the deadline needs the job's tokens now; else made at the first commit
+        shape = job_shape(plan)
+        deadline = apply_deadline(plan, shape)
         console.print(f"deadline: {deadline['why']}")
     return RunEstimate(plan, t0, shape)
 

@@ -1,8 +1,10 @@
 """`fleetllm calibrate JOB.yaml`: a short probe of the job's engine on this machine. It plans the job
 (writing nothing to its output folder), starts one replica's engine in this process, and runs the
 job's first rows through it in calls of growing size (1, 2, 4, ... up to the rows a replica holds at
-once), every other call with its max_tokens cut to a quarter, so the fit sees the step time at
-several batch sizes, context lengths and numbers of steps. The calls, the
+once), every other call with its max_tokens cut to a quarter, then a few calls of fixed shapes
+(SHAPE_CALLS: long prompts with short outputs, forced long outputs at batch 1 and at the full batch),
+so the fit sees the step time at several batch sizes, context lengths and numbers of steps, whatever
+the job's own shape. The calls, the
 engine's start-up and the output lengths are added to the profile and the job's lengths under
 $FLEETLLM_HOME (fleetllm.estimate.store); later estimates and runs reuse them.
 """
@@ -71,6 +73,27 @@ def call_table(plan, rows: list[dict], cap: int | None):
     return table
 
 
+# Calls of fixed shapes beside the job's own: (rows: share of the replica's batch, prompt characters at
+# least, output tokens forced with min_tokens). They make the profile the engine's, not the job's: a
+# long-answer job's probe must still tell what a prefill-heavy job will take, and the other way round.
+SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
+
+
+def shaped(row: dict, min_chars: int, out: int) -> dict:
+    """The row with its prompt repeated to at least `min_chars` characters and exactly `out` tokens out."""
+    row = dict(row)
+    sp = json.loads(row["sampling_params"]) if isinstance(row.get("sampling_params"), str) else dict(row.get("sampling_params") or {})
+    row["sampling_params"] = json.dumps({**sp, "max_tokens": out, "min_tokens": out})
+    if row.get("_messages"):
+        messages = json.loads(row["_messages"])
+        text = str(messages[-1].get("content") or "x")
+        messages[-1] = {**messages[-1], "content": "\n".join([text] * max(1, -(-min_chars // max(1, len(text)))))}
+        row["_messages"] = json.dumps(messages, ensure_ascii=False)
+    elif row.get("prompt"):
+        row["prompt"] = "\n".join([row["prompt"]] * max(1, -(-min_chars // len(row["prompt"]))))
+    return row
+
+
 def sampling_of(row: dict, plan) -> dict:
     sp = row.get("sampling_params")
     sp = json.loads(sp) if isinstance(sp, str) else dict(sp or {})
@@ -112,6 +135,12 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
             calls += [call_from_rows(c, kind) for c in group_calls(out)]
             if cap is None:  # the job's own lengths
                 lengths += output_lengths(out)
+        cap_rows = max(sizes)
+        for share, chars, tokens in SHAPE_CALLS:
+            n = max(1, round(share * cap_rows))
+            rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens) for i in range(n)]
+            out = stage(call_table(plan, rows_of_shape, None)).to_pylist()
+            calls += [call_from_rows(c, kind) for c in group_calls(out)]
     finally:
         t_stop = time.time()
         stage.engine.stop()

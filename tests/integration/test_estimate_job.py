@@ -138,7 +138,8 @@ def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, t
     assert main(["calibrate", path, "--rows", "7", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     calls = out["calls"]
-    assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls] == [1, 2, 4]  # rows per call: 1, 2, 4
+    assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls[:3]] == [1, 2, 4]  # the job's rows: 1, 2, 4
+    assert [c["steps"] for c in calls[3:5]] == [48, 48]  # then the fixed shapes: 48 tokens forced at 1 and 4 rows
     assert len({c["steps"] for c in calls}) > 1  # every other call cut to a quarter of max_tokens
     profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
     assert profile["sources"][-1] == {**profile["sources"][-1], "kind": "probe", "rows": 7}

@@ -46,6 +46,10 @@ def execute_job(spec, args) -> int:
 
         for line in window_warnings(spec):
             console.print(f"[yellow]warning:[/yellow] {line}")
+    if getattr(args, "json", False) and not args.dry_run:
+        print("error: --json prints the dry run's plan and estimate; add --dry-run (a run writes run.json)",
+              file=sys.stderr)
+        return 2
     if args.dry_run:
         result = run_job(spec, overwrite=args.overwrite, dry_run=True, console=console,
                          as_json=getattr(args, "json", False))

@@ -188,3 +188,18 @@ def test_profile_store_round_trip(tmp_path, monkeypatch):
     store.save_lengths("fp", [1, 2, 3], "probe", "j")
     assert store.load_lengths("fp")["lengths"] == [1, 2, 3]
     assert not math.isnan(back.rates().coef[0])
+
+
+def test_dry_run_lines_say_what_is_known():
+    from fleetllm.estimate.describe import describe
+
+    rates = fit(probe_calls(CONTINUOUS))
+    e = estimate(shape(rows_past_context=3, cached_prompt_tokens=1000), LAYOUT, rates, 30, 5, profile="p")
+    text = "\n".join(describe(e))
+    assert "prompt tokens 200,000 (counted), 1,000 expected from the prefix cache" in text
+    assert "3 row(s) have prompts past the model's context" in text
+    assert "with 2 replica(s)" in text and "GPU-hours" in text and "cost" in text
+    none = estimate(shape(lengths=()), LAYOUT, None)
+    none["no_profile"] = {"probe": {"rows": 48, "prompt_tokens": 9600, "output_tokens_at_most": 4800}}
+    text = "\n".join(describe(none))
+    assert "no profile yet" in text and "48 rows" in text and "max_tokens" not in text.split("time:")[1]

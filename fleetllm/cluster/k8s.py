@@ -30,6 +30,7 @@ from fleetllm.cluster.k8s_pods import (
     token_env,
     worker_group,
 )
+from fleetllm.cluster.k8s_secrets import secure
 from fleetllm.cluster.serve_adapter import ServeView, serve_view
 from fleetllm.errors import SpecError
 from fleetllm.serve.spec import load_serve_spec
@@ -67,11 +68,13 @@ def job_gpus_per_replica(job: JobSpec) -> int:
 # --------------------------------------------------------------------------------------------- jobs
 
 
-def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int | None = None) -> list[dict[str, Any]]:
+def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int | None = None,
+               env: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """A ConfigMap with the job YAML and a RayJob that runs `python -m fleetllm run` on it.
 
     One worker pod per engine replica, each with gpus_per_replica GPUs (tp x pp); `replicas` overrides
-    compute.replicas (needed when it is 'auto')."""
+    compute.replicas (needed when it is 'auto'); `env`: the head's and workers' env entries (Secret
+    references, fleetllm.cluster.k8s_secrets)."""
     if replicas is None:
         if job.compute.replicas == "auto":
             raise SpecError("compute.replicas is 'auto'; pass --replicas N to size the worker group on Kubernetes")
@@ -81,8 +84,8 @@ def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int 
     cm_name = f"{name}-spec"
     volumes, mounts = spec_volume(cm_name)
     shape = worker_shape(job_gpus_per_replica(job), job.compute.cpus_per_replica, opts)
-    head = head_group(opts, labels, mounts=mounts, volumes=volumes)
-    workers = [worker_group("replicas", opts, labels, shape, replicas=replicas)]
+    head = head_group(opts, labels, env=env, mounts=mounts, volumes=volumes)
+    workers = [worker_group("replicas", opts, labels, shape, replicas=replicas, env=env)]
     rayjob = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -145,7 +148,8 @@ def serve_config(view: ServeView) -> dict[str, Any]:
     }
 
 
-def _serve_workers(view: ServeView, opts: RenderOptions, labels: dict[str, str]) -> list[dict[str, Any]]:
+def _serve_workers(view: ServeView, opts: RenderOptions, labels: dict[str, str],
+                   env: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return [
         worker_group(
             m.model_id,
@@ -155,13 +159,15 @@ def _serve_workers(view: ServeView, opts: RenderOptions, labels: dict[str, str])
             replicas=m.replicas,
             min_replicas=m.min_replicas,
             max_replicas=m.max_replicas,
+            env=env,
         )
         for m in view.models
     ]
 
 
-def render_rayservice(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
-    """A RayService whose cluster has one worker group per served model (one pod per replica)."""
+def render_rayservice(view: ServeView, opts: RenderOptions, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A RayService whose cluster has one worker group per served model (one pod per replica); `env`:
+    the head's and workers' env entries (Secret references)."""
     name = dns_name(view.name)
     labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
     autoscale = any(m.min_replicas != m.max_replicas for m in view.models)
@@ -172,7 +178,7 @@ def render_rayservice(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config(view), sort_keys=False),
             "rayClusterConfig": ray_cluster_spec(
-                head_group(opts, labels), _serve_workers(view, opts, labels), autoscale=autoscale
+                head_group(opts, labels, env=env), _serve_workers(view, opts, labels, env), autoscale=autoscale
             ),
         },
     }
@@ -225,7 +231,8 @@ def render_httproute(
 
 
 def render_fleet(
-    view: ServeView, opts: RenderOptions, *, max_surge: int | str = 1, max_unavailable: int | str = 0
+    view: ServeView, opts: RenderOptions, *, max_surge: int | str = 1, max_unavailable: int | str = 0,
+    env: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One AIBrix RayClusterFleet per model (a ConfigMap with that model's serve spec each).
 
@@ -242,12 +249,12 @@ def render_fleet(
         labels = {**_base_labels(name, opts), "fleetllm.io/kind": "fleet", "model.aibrix.ai/name": model.model_id}
         cm_name = f"{name}-spec"
         volumes, mounts = spec_volume(cm_name)
-        env = token_env(f"{name}-ray-token")
+        pod_env = token_env(f"{name}-ray-token") + list(env or [])
         annotations = {"ray.io/overwrite-container-cmd": "true"}
         head = head_group(
             opts,
             labels,
-            env=env,
+            env=pod_env,
             mounts=mounts,
             volumes=volumes,
             annotations=annotations,
@@ -255,7 +262,7 @@ def render_fleet(
             args=[f"ulimit -n 65536; $KUBERAY_GEN_RAY_START_CMD; python -m fleetllm serve {SPEC_DIR}/serve.yaml"],
         )
         shape = worker_shape(model.gpus_per_replica, model.cpus_per_replica, opts)
-        workers = [worker_group(model.model_id, opts, labels, shape, replicas=1, env=env)]
+        workers = [worker_group(model.model_id, opts, labels, shape, replicas=1, env=pod_env)]
         cluster = ray_cluster_spec(head, workers, token_auth=False)  # the fleet's RayCluster template has no authOptions
         fleet = {
             "apiVersion": "orchestration.aibrix.ai/v1alpha1",
@@ -294,19 +301,25 @@ def render_spec_file(
     gateway_namespace: str = "aibrix-system",
     **fleet_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """All manifests for a job or serve YAML file."""
+    """All manifests for a job or serve YAML file; secret values go into a `Secret` manifest of their own,
+    first in the list, and nowhere else (fleetllm.cluster.k8s_secrets)."""
     data = load_yaml(path)
     if is_serve_spec(data):
-        view = serve_view(load_serve_spec(path))  # the loader `fleetllm serve` uses
+        name = dns_name(load_serve_spec(path).name)  # the loader `fleetllm serve` uses
+        data, secured = secure(data, name, _base_labels(name, opts), opts.namespace, serve=True)
+        view = serve_view(data, str(path))
         if fleet:
-            return render_fleet(view, opts, **fleet_kwargs)
+            return secured.manifests(render_fleet(view, opts, env=secured.env, **fleet_kwargs))
         service = render_service(view, opts)
         route = render_httproute(view, opts, service["metadata"]["name"], gateway, gateway_namespace)
-        return [render_rayservice(view, opts), service, route]
+        return secured.manifests([render_rayservice(view, opts, secured.env), service, route])
     if fleet:
         raise SpecError(f"{path} is a job spec; --fleet renders serve specs (a YAML with `models:`)")
+    name = dns_name(parse_spec(JobSpec, data, str(path)).name)
+    data, secured = secure(data, name, _base_labels(name, opts), opts.namespace, serve=False)
     job = parse_spec(JobSpec, data, str(path))
-    return render_job(job, Path(path).read_text(), opts, replicas=replicas)
+    text = yaml.safe_dump(data, sort_keys=False) if secured.moved else Path(path).read_text()  # values removed
+    return secured.manifests(render_job(job, text, opts, replicas=replicas, env=secured.env))
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -303,7 +303,7 @@ def output_budget(sampling: dict[str, Any], prompt_tokens: int, context: int,
 
 
 def markdown_table() -> str:
-    """The field table of the README."""
+    """The field table of docs/request-fields.md."""
     lines = ["| field | from | transformers | vllm | openai (endpoint) |", "|---|---|---|---|---|"]
     for f in _FIELDS:
         cells = [f.honoured.get(e, "refused") for e in ENGINES]

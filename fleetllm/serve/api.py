@@ -9,6 +9,7 @@ serves one task: an embedding model refuses chat and completions with a 400, and
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import time
@@ -56,6 +57,11 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         return error_response(APIError(exc.status_code, str(exc.detail),
                                        type="not_found_error" if exc.status_code == 404 else "invalid_request_error"))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # a bug's 500 still has OpenAI's shape
+        return error_response(APIError(500, f"internal error ({type(exc).__name__}); the server log has "
+                                       "the details", type="server_error"))
+
     def check_key(request: Request) -> None:
         if api_key is None:
             return
@@ -67,6 +73,10 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
 
     async def parse(request: Request, model_cls):
         raw = await request.body()
+        with not_too_deep():
+            return parse_body(raw, model_cls)
+
+    def parse_body(raw: bytes, model_cls):
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -168,7 +178,8 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             model_label, backend = pick(req.model)
             check_task(model_label, backend, "generate",
                        "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
-            payload = build_payload(req, endpoint)
+            with not_too_deep():  # a deep value in a field the engine reads (response_format, extras)
+                payload = build_payload(req, endpoint)
             return await run(req, endpoint, model_label, backend, payload)
         except APIError as exc:
             metrics.requests.labels(model_label, endpoint, str(exc.status)).inc()
@@ -243,6 +254,17 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         yield "data: [DONE]\n\n"
 
     return app
+
+
+@contextlib.contextmanager
+def not_too_deep():
+    """A RecursionError (JSON nested past what Python's parser, a validator or a walk over the body
+    recurses through) is the request's 400, not the server's 500."""
+    try:
+        yield
+    except RecursionError:
+        raise APIError(400, "the request body nests JSON arrays or objects too deeply to be read; send a body "
+                       "nested a few levels, as the API's fields are") from None
 
 
 async def _healthy(backend: Backend) -> bool:

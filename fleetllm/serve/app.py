@@ -167,12 +167,18 @@ def build_openai_app(builder_config: dict[str, Any]):
     from ray.serve.config import BackpressureConfig
 
     from fleetllm.errors import SpecError
+    from fleetllm.secrets import check_api_key
     from fleetllm.serve.spec import IngressMode, choose_ingress
 
     unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
                         "ingress)")
+    if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
+        try:
+            check_api_key(builder_config["api_key"], "build_openai_app: api_key")
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
     configs = [c if isinstance(c, LLMConfig) else LLMConfig.model_validate(c)
                for c in builder_config.get("llm_configs") or []]
     if not configs:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from fleetllm import cli_values
+
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve models behind an OpenAI-compatible API on Ray Serve")
     p.add_argument("spec", help="serve YAML file (see examples/serve.yaml)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--host", default=None, help="listen address (default: the spec's host)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: the spec's port)")
+    p.add_argument("--port", type=cli_values.port, default=None, help="listen port (default: the spec's port)")
     p.set_defaults(handler=_serve)
 
 

@@ -138,6 +138,16 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
+    def require_content(self, where: str) -> None:
+        """A message without content (missing or null) is a 400, as OpenAI answers; only an assistant
+        message carrying tool_calls (or function_call) may leave it out."""
+        if self.content is not None:
+            return
+        if self.role == "assistant" and any((self.model_extra or {}).get(k) for k in ("tool_calls", "function_call")):
+            return
+        raise APIError(400, f"Missing required parameter: '{where}'; give the {self.role} message a `content` "
+                       "(a string or a list of content parts)", param=where, code="missing_required_parameter")
+
     def plain(self, index: int = 0) -> dict[str, Any]:
         """{role, content} with text content ([{type: text, text}] parts joined); a non-text part (the
         served models read text only) or a part whose text is not a string is a 400 naming it."""
@@ -145,6 +155,7 @@ class ChatMessage(BaseModel):
         from fleetllm.errors import RowError
 
         where = f"messages[{index}].content"
+        self.require_content(where)
         try:
             content = text_content(self.content, where)
         except RowError as exc:

@@ -60,6 +60,8 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
     port = port or spec.port
     check_port_free(host, port)
     spec.environment.check_local()
+    if not (ray.is_initialized() or spec.cluster.address or os.environ.get("RAY_ADDRESS")):
+        spec.environment.check_refs_set()  # a local Ray: Secret references must be set here
     if not ray.is_initialized():
         address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))

@@ -3,7 +3,7 @@
     name: smollm2
     host: 127.0.0.1
     port: 8000
-    api_key: null                  # or a string; also $FLEETLLM_API_KEY
+    api_key: null                  # or a string (printable ASCII); also $FLEETLLM_API_KEY; or {secretKeyRef: {name, key}}
     ingress: auto                  # direct (the model replica serves HTTP) | separate (OpenAIIngress) | auto
     models:
       - model_id: smollm2
@@ -26,6 +26,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from fleetllm import sizing
+from fleetllm.errors import SpecError
+from fleetllm.secrets import API_KEY_ENV, SecretRef, check_api_key
 from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
 
 
@@ -129,7 +131,10 @@ class ServeSpec(StrictModel):
     name: str = Field("fleetllm", min_length=1, description="Ray Serve application name.")
     host: str = Field("127.0.0.1", description="Address the HTTP server listens on (0.0.0.0 for all).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port; the API is under /v1.")
-    api_key: str | None = Field(None, description="Bearer token clients must send; default: $FLEETLLM_API_KEY.")
+    api_key: str | SecretRef | None = Field(
+        None, description="Bearer token clients must send (printable ASCII, no spaces); default: $FLEETLLM_API_KEY. "
+        "Or {secretKeyRef: {name, key}}: a Kubernetes Secret, read from $FLEETLLM_API_KEY where it is set "
+        "(fleetllm k8s render sets it on the pods).")
     ingress: IngressMode = Field(
         "auto", description="Which deployment answers HTTP: direct (the model's own replicas: one Ray hop and no "
         "ingress process per streamed message; one model with the default routing only), separate (an "
@@ -149,8 +154,25 @@ class ServeSpec(StrictModel):
         choose_ingress(self.ingress, self.models)
         return self
 
+    @field_validator("api_key")
+    @classmethod
+    def _usable_key(cls, value: str | SecretRef | None) -> str | SecretRef | None:
+        return check_api_key(value, "api_key") if isinstance(value, str) else value
+
     def effective_api_key(self) -> str | None:
-        return self.api_key or os.environ.get("FLEETLLM_API_KEY") or None
+        """The key clients must send: api_key, else $FLEETLLM_API_KEY (where api_key names a Secret, the
+        variable its pods get); SpecError when it is unusable or the Secret's variable is not set."""
+        if isinstance(self.api_key, str):
+            return self.api_key
+        env = os.environ.get(API_KEY_ENV) or None  # set but empty: no key, as before
+        if env is None and isinstance(self.api_key, SecretRef):
+            ref = self.api_key.secretKeyRef
+            raise SpecError(f"api_key names the Kubernetes Secret {ref.name!r} (key {ref.key!r}), which only pods "
+                            f"rendered by `fleetllm k8s render` read (as ${API_KEY_ENV}); set ${API_KEY_ENV} here")
+        try:
+            return check_api_key(env, f"${API_KEY_ENV}") if env is not None else None
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
 
     def llm_configs(self) -> list["LLMConfig"]:
         configs = [m.to_llm_config() for m in self.models]

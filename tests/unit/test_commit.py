@@ -90,9 +90,12 @@ def test_changed_job_is_refused_naming_what_changed(tmp_path):
     out = OutputFolder(str(tmp_path), "jsonl")
     out.prepare("fp1", PARTS, overwrite=False)
     changed = {**PARTS, "sampling": {"max_tokens": 9}}
+    out.prepare("fp2", changed, overwrite=False)  # nothing committed under fp1: nothing to mix with
+    out.prepare("fp1", PARTS, overwrite=False)
+    shard = plan_shards([InputFile("/x", "x", 1, "1", 30)], 10)[0]
+    out.commit(_entry(shard, "fp1"), lambda fh: fh.write(b"{}\n"))
     with pytest.raises(PlanError, match=r"changed: sampling\); outputs are never mixed: use --overwrite"):
         out.prepare("fp2", changed, overwrite=False)
-    (tmp_path / "part-000000.jsonl").write_text("{}\n")
     (tmp_path / "run.json").write_text("{}")
     out.prepare("fp2", changed, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_fleetllm"]

@@ -1,4 +1,4 @@
-"""The package structure stays as README's architecture section draws it: every import of fleetllm/
+"""The package structure stays as docs/architecture.md draws it: every import of fleetllm/
 (module level, inside functions, under TYPE_CHECKING) read with ast, then the forbidden directions
 and the cycles refused.
 
@@ -120,7 +120,7 @@ def test_the_reader_sees_the_imports():
 def test_no_forbidden_direction():
     bad = sorted(f"{a} -> {b}" for a, targets in EDGES.items() for b in targets
                  if not is_command(a) and node_of(b) in FORBIDDEN.get(node_of(a), set()))
-    assert bad == [], "imports against the architecture (README: Architecture):\n" + "\n".join(bad)
+    assert bad == [], "imports against the architecture (docs/architecture.md):\n" + "\n".join(bad)
 
 
 def test_only_commands_import_commands():

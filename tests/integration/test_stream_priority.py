@@ -23,17 +23,18 @@ def engine(tiny_model):
 def test_interactive_request_overtakes_queued_batch_rows(engine):
     finished: list[str] = []
 
-    async def run(name: str, priority: int, delay: float) -> None:
+    async def run(name: str, priority: int, delay: float, tokens: int = 24) -> None:
         await asyncio.sleep(delay)
-        req = GenerationRequest(prompt=f"{name} says", sampling={"max_tokens": 24, "ignore_eos": True},
+        req = GenerationRequest(prompt=f"{name} says", sampling={"max_tokens": tokens, "ignore_eos": True},
                                 request_id=name, priority=priority)
         async for _ in engine.generate_stream(req):
             pass
         finished.append(name)
 
     async def main():
-        # "first" occupies the engine; three batch rows queue, then one interactive request behind them
-        await asyncio.gather(run("first", 1, 0.0), run("b1", 1, 0.05), run("b2", 1, 0.06), run("b3", 1, 0.07),
+        # "first" occupies the engine (long enough that a loaded machine still queues the others behind it);
+        # three batch rows queue, then one interactive request behind them
+        await asyncio.gather(run("first", 1, 0.0, tokens=200), run("b1", 1, 0.05), run("b2", 1, 0.06), run("b3", 1, 0.07),
                              run("interactive", 0, 0.1))
 
     asyncio.run(main())

@@ -27,17 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def s3():
-    import s3fs
-
-    saved = dict(os.environ)
-    with S3Server() as server:
-        server.apply_env()
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.make_bucket("bkt")
+    with S3Server.serving("bkt") as server:
         yield server
-    os.environ.clear()
-    os.environ.update(saved)
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def s3fs_():

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetllm.batch import store
+from fleetllm.batch.discovery import LEGACY_RUN_RECORD  # still read and resumed
 from fleetllm.batch.folder_lock import FolderLock
 from fleetllm.batch.plan import Shard, shard_fingerprint
 from fleetllm.errors import PlanError
@@ -47,7 +48,6 @@ LEGACY_MANIFEST = "manifest.jsonl"
 LOCK = "lock.json"
 DATA_EXT = {"parquet": "parquet", "jsonl": "jsonl", "openai_batch": "jsonl"}
 RUN_RECORD = "_SUCCESS"
-LEGACY_RUN_RECORD = "run.json"  # the run record's name (at the top) before 0.x: still read and resumed
 REPORT_PAGE = "report.html"  # `fleetllm report OUT`, under _fleetllm/ (at the top before)
 REPORT_FILES = (RUN_RECORD, LEGACY_RUN_RECORD, REPORT_PAGE, "output.jsonl", "errors.jsonl")
 PART = re.compile(r"^part-\d{6}\.(parquet|jsonl)$")

@@ -18,11 +18,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
     """The flags of every command that runs a job spec (`run`, `query`)."""
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan and its estimate (tokens, time, GPU-hours, cost); load no model")
+    p.add_argument("--json", action="store_true",
+                   help="with --dry-run: print one JSON object (plan lines, replicas, `estimate`, deadline)")
     p.add_argument("--overwrite", action="store_true",
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show Ray's and the engine's log lines on the terminal (always kept in OUT/_fleetllm/logs/)")
+    p.add_argument("--retry-errors", nargs="?", const="all", choices=("all", "retryable"), default=None,
+                   help="recompute only the rows of the existing output whose `error` is set (`retryable`: only "
+                   "429/5xx/timeouts whose retries ran out, answers past max_response_mb, failed engine calls); "
+                   "each rewritten shard replaces the old one atomically, every row still appears once")
     p.add_argument("--max-error-rate", type=cli_values.share, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
 
@@ -45,8 +52,17 @@ def execute_job(spec, args) -> int:
 
         for line in window_warnings(spec):
             console.print(f"[yellow]warning:[/yellow] {line}")
+    if getattr(args, "json", False) and not args.dry_run:
+        print("error: --json prints the dry run's plan and estimate; add --dry-run (a run writes run.json)",
+              file=sys.stderr)
+        return 2
     if args.dry_run:
-        run_job(spec, overwrite=args.overwrite, dry_run=True, console=console)
+        result = run_job(spec, overwrite=args.overwrite, dry_run=True, console=console,
+                         as_json=getattr(args, "json", False))
+        if getattr(args, "json", False):
+            import json
+
+            print(json.dumps(result))
         return 0
     from fleetllm.batch.run_logs import captured_output
 
@@ -54,7 +70,8 @@ def execute_job(spec, args) -> int:
     try:
         with captured_output(spec.output.path, verbose=getattr(args, "verbose", False)) as (_, err, log_path):
             console = Console(file=err)
-            report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console)
+            report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console,
+                             retry_errors=getattr(args, "retry_errors", None))
     finally:  # one unwrapped line: a long path must stay whole for copy-paste (and for grep)
         if log_path and log_path[0]:
             print(f"logs: {log_path[0]}", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ class EnginePool:
     task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
     rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
     images: dict[str, Any] | None = None  # image limits (fleetllm.engines.images.ImageLimits) of a generate job
+    ray_remote_args: dict[str, Any] = field(default_factory=dict)  # accelerator_type, runtime_env (processor API)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -101,4 +102,5 @@ class EnginePool:
         )
         if plan.gpus_per_replica and not plan.uses_placement_group:  # else vLLM's workers hold the GPUs
             kwargs["num_gpus"] = plan.gpus_per_replica
+        kwargs.update(self.ray_remote_args)
         return kwargs

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     from fleetllm.batch.engine_pool import EnginePool
@@ -56,7 +56,17 @@ class _ProcessorConfig(BaseModel):
     lora_adapters: dict[str, str] = Field(
         default_factory=dict, description="LoRA adapters {name: source}; a row whose `model` column names one "
         "runs on it (Ray Data LLM's convention), other rows on the base model.")
+    accelerator_type: str | None = Field(None, description="Ray's accelerator type the replicas run on (e.g. A10G, "
+                                         "H100), as Ray Data's accelerator_type.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (pip, env_vars...).")
     engine: str = "transformers"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_names(cls, data: Any) -> Any:  # max_concurrent_batches, (min, max) concurrency, task_type, ...
+        from fleetllm.batch.ray_names import from_ray_names
+
+        return from_ray_names(data)
 
 
 class TransformersEngineProcessorConfig(_ProcessorConfig):
@@ -109,7 +119,9 @@ class Processor:
                           engine_kwargs=engine_kwargs, replica_plan=plan,
                           batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
                                                                                c.batches_in_flight),
-                          chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries)
+                          chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries,
+                          ray_remote_args={k: v for k, v in (("accelerator_type", c.accelerator_type),
+                                                             ("runtime_env", c.runtime_env)) if v})
 
     def __call__(self, ds):
         if self.preprocess is not None:

@@ -34,6 +34,8 @@ class GenerationRequest:
     # At most one structured-output constraint (fleetllm.structured). `response_format` or
     # `structured_outputs` given in `sampling` move here, so engines never see them as sampling keys.
     structured: StructuredOutput | None = None
+    # Scheduling priority in a serving engine: lower runs first (vLLM's order); Batch API rows get 1.
+    priority: int = 0
     # The bytes of the messages' images, in order of their image parts (fleetllm.engines.images.load_images
     # has replaced each part's URL by image:N), and the LoRA adapter that serves the request (None: the base).
     images: list[bytes] | None = None

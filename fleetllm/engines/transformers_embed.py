@@ -9,7 +9,6 @@ batches of `max_batch_size`.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -17,7 +16,7 @@ from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult, Engine, Gen
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
 from fleetllm.errors import EngineError, RowError
 
-KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code")
+KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "revision")
 
 
 class TransformersEmbedEngine(Engine):
@@ -33,13 +32,13 @@ class TransformersEmbedEngine(Engine):
                               f"known: {list(KNOWN_KWARGS)}")
         kw = self.engine_kwargs
         device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = kw.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        from fleetllm.engines.threads import apply_cpu_threads
+
+        apply_cpu_threads(torch, device, kw.get("num_threads"))
         try:
             from sentence_transformers import SentenceTransformer
 
-            self.model = SentenceTransformer(self.model_path, device=device,
+            self.model = SentenceTransformer(self.model_path, device=device, revision=kw.get("revision"),
                                              trust_remote_code=bool(kw.get("trust_remote_code", False)))
         except (OSError, ValueError, ImportError) as exc:
             raise EngineError(f"sentence-transformers could not load {self.model_path!r}: {exc}") from exc
@@ -94,7 +93,8 @@ class TransformersEmbedEngine(Engine):
         vocab = len(self.tokenizer)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise RowError(f"token ids {bad[:5]} are outside the model's vocabulary (0..{vocab - 1})")
+            raise RowError(f"token ids {bad[:5]} are out of vocabulary: the model's vocabulary has {vocab} tokens "
+                           f"(ids 0 to {vocab - 1})")
         return ids
 
     def embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:

@@ -8,7 +8,6 @@ settings generated together): measured faster than transformers' continuous batc
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any, AsyncIterator
 
@@ -45,9 +44,9 @@ class TransformersEngine(Engine):
         kwargs = dict(self.engine_kwargs)
         own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
         device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = own.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        from fleetllm.engines.threads import apply_cpu_threads
+
+        apply_cpu_threads(torch, device, own.get("num_threads"))
         dtype_name = own.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
         dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):
@@ -60,16 +59,16 @@ class TransformersEngine(Engine):
         from fleetllm.engines import transformers_vision as vision
         from fleetllm.engines.transformers_adapters import load_adapters
 
-        remote = kwargs.get("trust_remote_code", False)
+        hub = {k: kwargs[k] for k in ("trust_remote_code", "revision") if k in kwargs}  # a hub model's commit
         try:
-            config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=remote)
-            self.processor = vision.load_processor(self.model_path, remote) if vision.is_vision_config(config) else None
+            config = AutoConfig.from_pretrained(self.model_path, **hub)
+            self.processor = vision.load_processor(self.model_path, hub) if vision.is_vision_config(config) else None
             if self.processor is not None:  # a vision-language model: its processor and image-text-to-text class
                 from transformers import AutoModelForImageTextToText as model_class
             else:
                 model_class = AutoModelForCausalLM
             self.tokenizer = (self.processor.tokenizer if self.processor is not None
-                              else AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=remote))
+                              else AutoTokenizer.from_pretrained(self.model_path, **hub))
             if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
                 with torch.device(device):
                     self.model = model_class.from_config(config, dtype=dtype)
@@ -176,6 +175,8 @@ class TransformersEngine(Engine):
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
         check_adapter(request.adapter, self.adapters)
+        if request.prompt_token_ids is not None:  # a token-id prompt (serve /v1/completions), used as it is
+            return [int(t) for t in request.prompt_token_ids]
         if request.images:
             if self.processor is None:
                 raise RowError(f"the prompt has {len(request.images)} image(s) but {self.model_path!r} reads text only "
@@ -188,7 +189,8 @@ class TransformersEngine(Engine):
         """(prompt ids, checked sampling with max_tokens) for a request; RowError when it cannot be served
         (a refused or out-of-range field, a bad message, a prompt or max_tokens past the context)."""
         sampling = self.check_sampling(request.sampling)
-        check_prompt_chars(request, self._max_model_len, self.chars_per_token)
+        if request.prompt_token_ids is None:
+            check_prompt_chars(request, self._max_model_len, self.chars_per_token)
         try:
             ids = self.tokenize(request)
         except RowError:
@@ -275,7 +277,7 @@ class TransformersEngine(Engine):
             pad_token_id=tok.pad_token_id,
             num_return_sequences=n,
             return_dict_in_generate=True,
-            output_scores=sampling.get("logprobs") is not None,
+            output_logits=sampling.get("logprobs") is not None,  # raw: before penalties, temperature, top-k
         )
         if temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=temperature,
@@ -309,7 +311,7 @@ class TransformersEngine(Engine):
             for j in range(n):
                 tokens = sequences[row * n + j]
                 completions.append(self._completion(tokens, limits[row], eos_ids, row_sampling, j,
-                                                    out.scores if gen_kwargs["output_scores"] else None,
+                                                    out.logits if gen_kwargs["output_logits"] else None,
                                                     row * n + j))
             results.append(GenerationResult(completions=completions, num_input_tokens=len(ids)))
         return results
@@ -327,7 +329,7 @@ class TransformersEngine(Engine):
             eos = self.tokenizer.eos_token_id
         return set(eos if isinstance(eos, list) else [eos])
 
-    def _completion(self, tokens, limit, eos_ids, sampling, index, scores, seq_row) -> Completion:
+    def _completion(self, tokens, limit, eos_ids, sampling, index, logits, seq_row) -> Completion:
         pad = self.tokenizer.pad_token_id
         finish = "length"
         kept: list[int] = []
@@ -346,21 +348,14 @@ class TransformersEngine(Engine):
             if cut >= 0:
                 text, finish = text[:cut], "stop"
         logprobs = None
-        if scores is not None:
-            logprobs = self._logprobs(scores, seq_row, kept, int(sampling["logprobs"]))
+        if logits is not None:
+            logprobs = self._logprobs(logits, seq_row, kept, int(sampling["logprobs"]))
         return Completion(text=text, num_generated_tokens=len(kept), finish_reason=finish,
                           index=index, logprobs=logprobs)
 
-    def _logprobs(self, scores, seq_row, kept, top) -> list[dict[str, Any]]:
+    def _logprobs(self, logits, seq_row, kept, top) -> list[dict[str, Any]]:
+        from fleetllm.engines.transformers_logits import logprob_entry
+
         torch = self.torch
-        entries = []
-        for step, token in enumerate(kept):
-            logp = torch.log_softmax(scores[step][seq_row].float(), dim=-1)
-            entry = {"token": self.tokenizer.decode([token]), "logprob": float(logp[token])}
-            if top:
-                values, ids = torch.topk(logp, top)
-                entry["top_logprobs"] = [
-                    {"token": self.tokenizer.decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)
-                ]
-            entries.append(entry)
-        return entries
+        return [logprob_entry(self.tokenizer, torch, torch.log_softmax(logits[step][seq_row].float(), dim=-1),
+                              token, top) for step, token in enumerate(kept)]

@@ -21,10 +21,11 @@ def is_vision_config(config) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
-def load_processor(model_path: str, trust_remote_code: bool = False):
+def load_processor(model_path: str, hub: dict[str, Any] | None = None):
+    """The model's processor; `hub`: trust_remote_code and a hub model's pinned revision, as the model loads."""
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    return AutoProcessor.from_pretrained(model_path, **(hub or {}))
 
 
 def render(processor, request: GenerationRequest, default_kwargs: dict[str, Any]) -> str:

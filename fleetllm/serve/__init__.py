@@ -17,6 +17,7 @@ from typing import Any
 
 _LAZY = {
     "LLMConfig": "fleetllm.serve.spec",
+    "ModelLoadingConfig": "fleetllm.serve.spec",  # as ray.serve.llm exports it
     "ServeSpec": "fleetllm.serve.spec",
     "load_serve_spec": "fleetllm.serve.spec",
     "build_openai_app": "fleetllm.serve.app",

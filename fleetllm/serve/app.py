@@ -37,6 +37,7 @@ def _deployments():
         def __init__(self, config: dict[str, Any]) -> None:
             self.server = ModelServer(LLMConfig.model_validate(config))
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
+            self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
 
         async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
             async for items in self.server.stream(payload):
@@ -65,9 +66,11 @@ def _deployments():
     class OpenAIIngress:
         """The OpenAI HTTP API over the model deployments' handles."""
 
-        def __init__(self, handles: dict[str, Any], api_key: str | None = None) -> None:
+        def __init__(self, handles: dict[str, Any], api_key: str | None = None,
+                     batch_store: str | None = None) -> None:
             self.handles = handles
             self.api_key = api_key
+            self.batch_store = batch_store
 
         async def __serve_build_asgi_app__(self):
             backends = {}
@@ -77,7 +80,7 @@ def _deployments():
                                                    info.get("task", "generate"))
                 backends[model_id].adapters = tuple(info.get("adapters") or ())
                 backends[model_id].reads_images = bool(info.get("reads_images"))
-            return make_api(backends, api_key=self.api_key)
+            return make_api(backends, api_key=self.api_key, batch_store=self.batch_store)
 
     return LLMServer, OpenAIIngress
 
@@ -156,7 +159,9 @@ def build_openai_app(builder_config: dict[str, Any]):
     Args:
         builder_config: {"llm_configs": [LLMConfig | dict, ...], "api_key": str | None,
             "ingress": "auto" | "direct" | "separate" (default auto: direct for one model with the default
-            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front)}.
+            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front),
+            "batch_store": a folder or object-store URL: serve /v1/files and /v1/batches over it (the batches
+            run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one)}.
 
     Returns:
         A bound Ray Serve application; start it with `ray.serve.run(app)`.
@@ -173,10 +178,11 @@ def build_openai_app(builder_config: dict[str, Any]):
     from fleetllm.secrets import check_api_key
     from fleetllm.serve.spec import IngressMode, choose_ingress
 
-    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
+    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
-                        "ingress)")
+                        "ingress, batch_store)")
+    batch_store = builder_config.get("batch_store")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
             check_api_key(builder_config["api_key"], "build_openai_app: api_key")
@@ -204,7 +210,8 @@ def build_openai_app(builder_config: dict[str, Any]):
         return direct_deployment().options(
             name=deployment_name(cfg.model_id),
             backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
-            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S)
+            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
+                                        batch_store)
     LLMServer, OpenAIIngress = _deployments()
     handles, capacity = {}, 0
     for cfg in configs:
@@ -223,7 +230,7 @@ def build_openai_app(builder_config: dict[str, Any]):
     front = OpenAIIngress.options(
         max_ongoing_requests=capacity + 16, max_queued_requests=capacity + 16,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S))
-    return front.bind(handles, builder_config.get("api_key"))
+    return front.bind(handles, builder_config.get("api_key"), batch_store)
 
 
 def deployment_name(model_id: str) -> str:

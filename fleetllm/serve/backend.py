@@ -16,8 +16,10 @@ import time
 from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import Engine, GenerationRequest
-from fleetllm.engines.fields import FieldError
+from fleetllm.engines.fields import FieldError, check_prompt_ids
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
+from fleetllm.serve.echo import echo_item
+from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
@@ -81,6 +83,8 @@ class ModelServer:
                 kwargs["lora_adapters"] = resolve_all(config.lora_adapters)
             if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            if name == "vllm" and self.task == "generate":  # interactive requests before Batch API rows
+                kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
@@ -91,10 +95,29 @@ class ModelServer:
         self.engine = engine
         self.adapters = tuple(config.lora_adapters)  # served as model ids of their own
         self.reads_images = bool(getattr(engine, "reads_images", False))
+        self.default_sampling = model_sampling_defaults(getattr(engine, "model_path", None))  # as `vllm serve`
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
         self.replica_id = "local"  # the Ray Serve replica's id when deployed (sent as x-fleetllm-replica)
+        # vLLM's serving metrics (fleetllm.serve.vllm_metrics): vLLM keeps its own; other engines get them here
+        from fleetllm.serve.vllm_metrics import EngineMetrics
+
+        self.vllm_metrics = None if getattr(engine, "name", "") == "vllm" else EngineMetrics(self.model_id)
+
+    def metrics_snapshot(self) -> str:
+        """This replica's `vllm:` metrics as Prometheus text (vLLM's own where the engine is vLLM)."""
+        from fleetllm.serve.vllm_metrics import replica_stats, vllm_own_snapshot
+
+        if self.vllm_metrics is None:
+            return vllm_own_snapshot()
+        return self.vllm_metrics.snapshot(*replica_stats(self.stats(snapshot=False)))
+
+    def publish_metrics(self) -> None:
+        """In a Ray Serve replica (replica_id set): publish the snapshot for every replica's /metrics."""
+        from fleetllm.serve.vllm_metrics import Publisher
+
+        Publisher(self.model_id, self.replica_id, self.metrics_snapshot)
 
     @property
     def max_model_len(self) -> int | None:
@@ -108,9 +131,11 @@ class ModelServer:
             self.fatal = self.fatal or "the engine was stopped"
         return self.fatal is None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, snapshot: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {"ongoing": self.ongoing, "healthy": self.healthy()}
         out.update(self.engine.streaming_stats())
+        if snapshot:
+            out["vllm_metrics"] = self.metrics_snapshot()
         return out
 
     def stream_gap(self) -> float:
@@ -147,30 +172,47 @@ class ModelServer:
                 return error_item(400, where + res.error)
         return {"vectors": [r.embedding for r in results], "prompt_tokens": sum(r.num_input_tokens for r in results)}
 
+    async def _request(self, payload: dict[str, Any]) -> tuple[GenerationRequest, dict[str, Any] | None]:
+        """The engine request (unset sampling fields from the model's defaults, as `vllm serve`) and, for
+        echo, the prompt's text and logprobs; RowError (a FieldError naming the field) when refused."""
+        if payload.get("prompt_token_ids") is not None:  # a token-id prompt: ids in the vocabulary
+            check_prompt_ids(payload["prompt_token_ids"], self.engine.vocab_size)
+        messages, images = await served_images(payload.get("messages"))
+        request = GenerationRequest(messages=messages, prompt=payload.get("prompt"),
+                                    prompt_token_ids=payload.get("prompt_token_ids"),
+                                    sampling=with_defaults(payload.get("sampling") or {}, self.default_sampling),
+                                    chat_template_kwargs=payload.get("chat_template_kwargs") or {},
+                                    request_id=payload.get("request_id", ""),
+                                    priority=int(payload.get("priority") or 0),
+                                    images=images or None, adapter=payload.get("adapter"))
+        echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
+        return request, echo
+
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield lists of delta dicts; a request the engine refuses yields one error item."""
         if not self.healthy():
             yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
             return
         try:
-            messages, images = await served_images(payload.get("messages"))
-            request = GenerationRequest(messages=messages, prompt=payload.get("prompt"),
-                                        sampling=payload.get("sampling") or {},
-                                        chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                        request_id=payload.get("request_id", ""), images=images or None,
-                                        adapter=payload.get("adapter"))
+            request, echo = await self._request(payload)
         except RowError as exc:
             yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
             return
         self.ongoing += 1
+        details = self.config.enable_prompt_tokens_details  # usage.prompt_tokens_details, as vLLM's flag
         buf: list[dict[str, Any]] = []
         wake = asyncio.Event()
         state: dict[str, Any] = {"done": False, "error": None}
 
+        seen = RequestSeen(time.monotonic())
+
         async def pump() -> None:
             try:
                 async for delta in self.engine.generate_stream(request):
-                    buf.append(dataclasses.asdict(delta))
+                    seen.add(delta)
+                    item = dataclasses.asdict(delta)
+                    item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
+                    buf.append(item)
                     wake.set()
             except RequestFailed as exc:  # the engine failed on this request only: it goes on serving
                 state["error"] = error_item(500, str(exc), "request_failed")
@@ -186,6 +228,8 @@ class ModelServer:
             except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
                 state["error"] = error_item(500, f"{type(exc).__name__}: {exc}", "internal_error")
             finally:
+                if self.vllm_metrics is not None:
+                    seen.record(self.vllm_metrics, ok=state["error"] is None)
                 state["done"] = True
                 wake.set()
 
@@ -202,7 +246,7 @@ class ModelServer:
                 if buf:
                     items, buf[:] = list(buf), []
                     if first:  # which replica answers (the API's x-fleetllm-replica header)
-                        items[0]["replica"], first = self.replica_id, False
+                        items[0]["replica"], items[0]["echo"], first = self.replica_id, echo, False
                     last = time.monotonic()
                     yield items
                 if state["done"]:
@@ -217,6 +261,28 @@ class ModelServer:
                     await task
                 except BaseException:  # noqa: BLE001
                     pass
+
+
+class RequestSeen:
+    """What one served request's deltas said, for vLLM's request metrics (fleetllm.serve.vllm_metrics)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.first: float | None = None
+        self.prompt = 0
+        self.generated: dict[int, int] = {}
+        self.finish: str | None = None
+
+    def add(self, delta) -> None:
+        if self.first is None and delta.num_generated_tokens:
+            self.first = time.monotonic()
+        self.prompt = max(self.prompt, delta.num_input_tokens)
+        self.generated[delta.index] = delta.num_generated_tokens
+        self.finish = delta.finish_reason or self.finish
+
+    def record(self, metrics, ok: bool) -> None:
+        metrics.request(self.started, self.first, time.monotonic(), self.prompt, sum(self.generated.values()),
+                        self.finish if ok else None)
 
 
 class LocalBackend:

@@ -70,6 +70,10 @@ class ServedEngineSpec(StrictModel):
         default_factory=dict, description="LoRA adapters served over this model, {name: source} (a local folder, an "
         "object-store URL or a hub id of a peft adapter); each is a model id of its own in /v1/models, also "
         "reachable as `<model_id>:<name>`.")
+    enable_prompt_tokens_details: bool = Field(
+        False, description="Add usage.prompt_tokens_details ({cached_tokens}: prompt tokens found in the prefix "
+        "cache; 0 on transformers, which has none) to every response, as `vllm serve "
+        "--enable-prompt-tokens-details` does; off, usage has no prompt_tokens_details.")
     routing: Literal["power_of_two", "prefix_affinity"] = Field(
         "power_of_two", description="How requests pick a replica: power_of_two (Ray Serve's default: the less "
         "loaded of two) or prefix_affinity (requests sharing a prompt prefix go to the replica that cached it, "
@@ -116,6 +120,28 @@ class ServeModelSpec(ServedEngineSpec):
 IngressMode = Literal["auto", "direct", "separate"]
 
 
+class BatchesSpec(StrictModel):
+    """The OpenAI Batch API (`/v1/files`, `/v1/batches`) of the app (docs/batch-api.md)."""
+
+    enabled: bool = Field(True, description="Serve /v1/files and /v1/batches and run the batches.")
+    path: str | None = Field(
+        None, description="Folder or object-store prefix (s3://...) holding the uploaded files, the batches' "
+        "state and their jobs' output; default: $FLEETLLM_HOME/batches/<app name>.")
+    shard_rows: int = Field(100, ge=1, description="Requests per shard of a batch's job: the unit of commit (what a "
+                            "restart keeps and a cancel keeps as partial output).")
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Most batch requests in flight per model (the AIMD window's ceiling; the window "
+        "shrinks when latency rises). Default: half of the model's replicas x max_ongoing_requests, so "
+        "interactive requests always find room.")
+
+    def store_url(self, app_name: str) -> str:
+        if self.path:
+            return self.path
+        from fleetllm.models import fleetllm_home
+
+        return str(fleetllm_home() / "batches" / app_name)
+
+
 def choose_ingress(ingress: str, models: list[Any]) -> tuple[str, str]:
     """The path an app takes: ("direct" | "separate", why). `models` are ServeModelSpecs or LLMConfigs.
 
@@ -157,6 +183,8 @@ class ServeSpec(StrictModel):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
                                          description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
+    batches: BatchesSpec = Field(default_factory=BatchesSpec, description="The OpenAI Batch API: where its files "
+                                 "and state live, shard size, in-flight ceiling.")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "ServeSpec":
@@ -186,6 +214,27 @@ class ServeSpec(StrictModel):
             return check_api_key(env, f"${API_KEY_ENV}") if env is not None else None
         except ValueError as exc:
             raise SpecError(str(exc)) from None
+
+    def batch_store_url(self) -> str | None:
+        """Where the Batch API keeps its files and state; None when it is off."""
+        return self.batches.store_url(self.name) if self.batches.enabled else None
+
+    def batch_models(self) -> dict[str, dict[str, Any]]:
+        """model id -> {task, max_in_flight}: what the batch service validates and sends against."""
+        from fleetllm import models
+
+        out = {}
+        for m in self.models:
+            task = m.task
+            if task == "auto":
+                try:
+                    task = models.model_task(models.resolve(m.source, pull_missing=False))
+                except Exception:  # noqa: BLE001 - not resolvable here (the replicas fetch it): a generate model
+                    task = "generate"
+            replicas = m.autoscaling.max_replicas if m.autoscaling else m.replicas
+            window = self.batches.max_in_flight or max(1, replicas * m.max_ongoing_requests // 2)
+            out[m.model_id] = {"task": task, "max_in_flight": window}
+        return out
 
     def llm_configs(self) -> list["LLMConfig"]:
         configs = [m.to_llm_config() for m in self.models]
@@ -236,6 +285,22 @@ class LLMConfig(ServedEngineSpec):
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
 
+    accelerator_type: str | None = Field(None, description="Ray accelerator type of the replicas (e.g. A10G, L4, "
+                                         "H100), as Ray Serve LLM's LLMConfig.accelerator_type.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (Ray Serve LLM's).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_llm_names(cls, data: Any) -> Any:
+        """Ray Serve LLM's `llm_engine` ("vLLM") is fleetllm's `engine`."""
+        if isinstance(data, dict) and "llm_engine" in data:
+            data = dict(data)
+            engine = str(data.pop("llm_engine"))
+            if "engine" in data and data["engine"] != engine.lower():
+                raise ValueError(f"give llm_engine (Ray's name) or engine, not both ({engine!r}, {data['engine']!r})")
+            data["engine"] = engine.lower()
+        return data
+
     @field_validator("deployment_config")
     @classmethod
     def _known_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +342,9 @@ class LLMConfig(ServedEngineSpec):
         # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
         opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)
         opts.setdefault("ray_actor_options", {"num_cpus": 1})
+        if self.accelerator_type or self.runtime_env:
+            opts["ray_actor_options"] = {**opts["ray_actor_options"], **{k: v for k, v in (
+                ("accelerator_type", self.accelerator_type), ("runtime_env", self.runtime_env)) if v}}
         return opts
 
 

@@ -21,7 +21,8 @@ def _cases(engine: str):
     image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                           {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}]}]
     return [
-        (dict(seed=SEED), "seed", f"`seed` must be between {-(1 << 63)} and {(1 << 63) - 1}, got {SEED}"),
+        (dict(seed=SEED), "seed", f"seed: Input should be less than or equal to {(1 << 63) - 1} (got {SEED}) "
+         "[type=less_than_equal]"),  # the bound it breaks and pydantic's error type, as vLLM's message says
         (dict(messages=image), "messages[0].content",
          "messages[0].content[1] is a content part of type 'image_url'; this model reads text only (content "
          "parts of type 'text'): remove the part or use a multimodal endpoint"),
@@ -29,7 +30,8 @@ def _cases(engine: str):
          "messages[0].content[0].text must be a string, got 5"),
         (dict(max_tokens=10**9), "max_tokens", f"the model's context is {CONTEXT} tokens; the request asks for ..."),
         (dict(logit_bias={"99999999": 5}), "logit_bias",
-         f"`logit_bias` token id 99999999 is outside the model's vocabulary (ids 0 to {VOCAB - 1})"),
+         f"`logit_bias` token id 99999999 is outside the model's vocabulary of {VOCAB} tokens (ids 0 to "
+         f"{VOCAB - 1})"),
         (dict(extra_body={"top_k": 10**9}), "top_k", f"`top_k` {10**9} is larger than the model's vocabulary ({VOCAB})"),
         (dict(extra_body={"frobnicate": 1}), "frobnicate",
          "`frobnicate` is not a request field fleetllm knows; remove it or check its spelling (known: ..."),

@@ -3,6 +3,7 @@ on a tiny random model: protocol, errors, batching of concurrent requests, healt
 
 from __future__ import annotations
 
+import re
 import asyncio
 import json
 import shutil
@@ -83,17 +84,18 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(app):
         assert_openai_error(resp, status, param)
     assert "context" in bad[6].json()["error"]["message"]
     assert bad[5].json()["error"]["code"] == "model_not_found"
-    (ok,) = call(api, chat(max_tokens=4))
+    (ok,) = call(api, chat(max_tokens=4, temperature=0))
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
 
 
 def test_chat_n_usage_logprobs_and_stream_match(app):
     api, _ = app
     plain, two, lp, stream, comp = call(
-        api, chat(max_tokens=8), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
-        chat(max_tokens=3, logprobs=True, top_logprobs=2),
-        chat(max_tokens=8, stream=True, stream_options={"include_usage": True}),
-        ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True},
+        api, chat(max_tokens=8, temperature=0), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
+        chat(max_tokens=3, logprobs=True, top_logprobs=2, temperature=0),
+        chat(max_tokens=8, stream=True, stream_options={"include_usage": True}, temperature=0),
+        ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True,
+                                              "temperature": 0},
                                      "headers": HDR}),
     )
     body = plain.json()
@@ -131,8 +133,8 @@ def test_a_small_stream_budget_merges_deltas_into_fewer_chunks(app):
     cfg = tiny.config.model_copy(update={"stream_messages_per_s": 0.01})  # 4 streams: one message per 400 s
     api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
     asks = [[{"role": "user", "content": f"count {i}"}] for i in range(4)]
-    streams = call(api, *[chat(max_tokens=64, messages=m, stream=True) for m in asks])
-    plain = call(api, *[chat(max_tokens=64, messages=m) for m in asks])
+    streams = call(api, *[chat(max_tokens=64, messages=m, stream=True, temperature=0) for m in asks])
+    plain = call(api, *[chat(max_tokens=64, messages=m, temperature=0) for m in asks])
     for stream, whole in zip(streams, plain):
         chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
         content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
@@ -149,9 +151,9 @@ def test_one_stream_under_the_budget_gets_its_deltas_as_they_come(app):
     cfg = tiny.config.model_copy(update={"stream_messages_per_s": 3000.0})
     api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
     ask = [{"role": "user", "content": "count to ten"}]
-    stream, whole = call(api, chat(max_tokens=48, messages=ask, ignore_eos=True, stream=True,
+    stream, whole = call(api, chat(max_tokens=48, messages=ask, ignore_eos=True, stream=True, temperature=0,
                               stream_options={"include_usage": True}),
-                         chat(max_tokens=48, messages=ask, ignore_eos=True))
+                         chat(max_tokens=48, messages=ask, ignore_eos=True, temperature=0))
     chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
     content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
     assert len([c for c in content if c]) > 1
@@ -174,9 +176,56 @@ def test_metrics_and_health_503_when_an_engine_is_dead(app):
     assert 'fleetllm_requests_total{endpoint="chat",model="tiny",status="200"}' in metrics.text
     assert 'fleetllm_requests_total{endpoint="chat",model="unknown",status="401"}' in metrics.text
     assert "fleetllm_time_to_first_token_seconds_bucket" in metrics.text
+    # vLLM's names beside them (one replica in process, no Ray: its own snapshot), per served model id
+    assert re.search(r'^vllm:request_success_total\{finished_reason="\w+",model_name="tiny"\} [1-9]', metrics.text, re.M)
+    assert 'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="tiny"}' in metrics.text
     servers["themed"].engine.stop()  # the themed engine dies
     health, still = call(api, ("GET", "/health", {}), chat(max_tokens=2))
     assert health.status_code == 503 and health.json()["models"] == ["themed"]
     assert still.status_code == 200  # the other model keeps serving
     (dead,) = call(api, chat(model="themed", max_tokens=2))
     assert_openai_error(dead, 503)
+
+
+def test_logprobs_are_the_models_raw_ones_before_temperature_and_top_k(app):
+    """As vLLM and OpenAI give them: sampling settings never change a step's logprobs, and a token top_k rules
+    out is a number, never -inf (null in JSON); streamed, not streamed and the batch path agree."""
+    import math
+
+    from fleetllm.engines.base import GenerationRequest
+
+    api, servers = app
+    ask = dict(max_tokens=1, logprobs=True, top_logprobs=5)
+    greedy, sampled, streamed = call(api, chat(**ask, temperature=0), chat(**ask, temperature=1.7, top_k=2, seed=3),
+                                     chat(**ask, temperature=1.7, top_k=2, seed=3, stream=True))
+
+    def first(entries):
+        return {t["token"]: t["logprob"] for t in entries[0]["top_logprobs"]}
+
+    raw = first(greedy.json()["choices"][0]["logprobs"]["content"])
+    got = first(sampled.json()["choices"][0]["logprobs"]["content"])
+    chunk = next(json.loads(line[6:]) for line in streamed.text.splitlines()
+                 if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("logprobs"))
+    live = first(chunk["choices"][0]["logprobs"]["content"])
+    (batch,) = servers["tiny"].engine.generate([GenerationRequest(messages=MSG, sampling={
+        "max_tokens": 1, "temperature": 1.7, "top_k": 2, "seed": 3, "logprobs": 5})])
+    offline = {t["token"]: t["logprob"] for t in batch.completions[0].logprobs[0]["top_logprobs"]}
+    assert len(raw) == 5 and all(isinstance(v, float) and math.isfinite(v) for v in raw.values())
+    for other in (got, live, offline):  # top_k=2 would have left 3 of the 5 at -inf, temperature changed the rest
+        assert other.keys() == raw.keys() and all(abs(other[k] - raw[k]) < 1e-4 for k in raw), (other, raw)
+
+
+def test_a_logprob_of_minus_infinity_is_clamped_as_openai_does():
+    import torch
+
+    from fleetllm.engines.transformers_logits import LOGPROB_FLOOR, logprob_entry
+
+    class Tok:
+        def decode(self, ids):
+            return f"<{ids[0]}>"
+
+    logp = torch.tensor([0.0, float("-inf"), float("-inf")])
+    entry = logprob_entry(Tok(), torch, logp, 1, 3)
+    assert entry["logprob"] == LOGPROB_FLOOR == -9999.0
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [0.0, -9999.0, -9999.0]
+    assert json.dumps(entry).count("Infinity") == 0

@@ -9,8 +9,10 @@ follow `fleetllm.engines.openai.client`. A failed row comes back with `error` se
 is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
 
 Failures that are not the row's (the api key refused, the model not served, the endpoint unreachable
-after the retries) raise `EndpointError` from `generate` instead: the job stops and commits nothing for
-those rows (a rerun with the fix computes them). `check_endpoint` finds the first two before a job starts.
+after the retries, answers that are not well-formed completions, an endpoint-wide 429 storm, outage or
+hang: `fleetllm.engines.openai.failures`) raise `EndpointError` from `generate` instead: the job stops
+and commits nothing for those rows (a rerun with the fix computes them). `check_endpoint` finds the
+first two before a job starts.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 from concurrent.futures import Future
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
@@ -45,7 +47,8 @@ class OpenAIEngineKwargs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str = Field(..., description="Endpoint root, e.g. http://127.0.0.1:8000/v1.")
+    base_url: str = Field(..., description="Endpoint root, e.g. http://127.0.0.1:8000/v1; default: $OPENAI_BASE_URL "
+                          "(as the openai client reads it).")
     api_key: str | None = Field(None, description="API key; default: the variable named by api_key_env.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     model: str | None = Field(None, description="Served model id; default: model.source.")
@@ -55,9 +58,25 @@ class OpenAIEngineKwargs(BaseModel):
         "with exponential backoff and jitter; other 4xx are not retried. A row that still fails keeps its "
         "`error` and `attempts`. The only retry budget of this engine: compute.max_retries does not apply.")
     retry: dict[str, Any] = Field(
-        default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s, jitter."
+        default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s (also the cap "
+        "on a server's Retry-After), jitter."
     )
+    max_response_mb: float = Field(
+        64.0, gt=0, description="Size cap of one response body, in MiB: a larger answer is refused unread past "
+        "it (read as a stream) and kept as the row's error.")
     aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_environment(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("base_url") is None:
+            url = os.environ.get("OPENAI_BASE_URL")
+            if not url:
+                raise ValueError("base_url is missing: set engine_kwargs.base_url (e.g. http://127.0.0.1:8000/v1) "
+                                 "or $OPENAI_BASE_URL")
+            data = {**data, "base_url": url}
+        return data
 
 
 def parse_engine_kwargs(kwargs: dict[str, Any]) -> OpenAIEngineKwargs:
@@ -165,7 +184,9 @@ class OpenAIHTTPEngine(Engine):
 
     async def _make_client(self) -> QueryClient:
         return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
-                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller)
+                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller,
+                           headers=self.settings.headers,
+                           max_response_bytes=int(self.settings.max_response_mb * 2 ** 20))
 
     def _run(self, coro) -> Future:
         if getattr(self, "_loop", None) is None:

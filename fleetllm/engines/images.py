@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import ipaddress
 import socket
+import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -153,24 +157,42 @@ def check_public(where: str, host: str, limits: ImageLimits) -> None:
                            "URLs only (set allow_private_urls to fetch from private networks)")
 
 
-def _http(where: str, url: str, limits: ImageLimits) -> bytes:
-    import httpx
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed (a public URL could redirect to a private address): a 3xx is an HTTPError."""
 
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102
+        return None
+
+
+def _http(where: str, url: str, limits: ImageLimits) -> bytes:
+    """An http(s) image with the standard library (httpx is a test tool only): no redirects, at most
+    max_bytes + 1 bytes read, fetch_timeout_s from connect to the last byte."""
     host = urlparse(url).hostname or ""
     check_public(where, host, limits)
+    deadline = time.monotonic() + limits.fetch_timeout_s
+    took = (f"{where}: fetching the image took more than {limits.fetch_timeout_s} s (fetch_timeout_s): "
+            f"{url[:200]}")
+    opener = urllib.request.build_opener(_NoRedirects)
+    data = bytearray()
     try:
-        with httpx.stream("GET", url, timeout=limits.fetch_timeout_s, follow_redirects=False) as response:
-            if response.status_code != 200:
-                raise RowError(f"{where}: fetching the image gave HTTP {response.status_code} ({url[:200]})")
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) > limits.max_bytes:
+        with opener.open(urllib.request.Request(url, headers={"User-Agent": "fleetllm"}),
+                         timeout=limits.fetch_timeout_s) as response:
+            while len(data) <= limits.max_bytes:
+                if time.monotonic() > deadline:
+                    raise RowError(took)
+                chunk = response.read(min(1 << 16, limits.max_bytes + 1 - len(data)))
+                if not chunk:
                     break
-    except httpx.TimeoutException:
-        raise RowError(f"{where}: fetching the image took more than {limits.fetch_timeout_s} s "
-                       f"(fetch_timeout_s): {url[:200]}") from None
-    except httpx.HTTPError as exc:
+                data += chunk
+    except urllib.error.HTTPError as exc:
+        raise RowError(f"{where}: fetching the image gave HTTP {exc.code} ({url[:200]})") from None
+    except (TimeoutError, socket.timeout):
+        raise RowError(took) from None
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            raise RowError(took) from None
+        raise RowError(f"{where}: could not fetch the image {url[:200]}: {exc.reason}") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         raise RowError(f"{where}: could not fetch the image {url[:200]}: {exc}") from None
     return _sized(where, bytes(data), limits)
 

@@ -4,7 +4,7 @@ import base64
 import io
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -62,6 +62,14 @@ class Slow(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         if self.path == "/slow.png":
             time.sleep(2)
+        if self.path == "/moved.png":  # a public URL may redirect anywhere: not followed
+            self.send_response(302)
+            self.send_header("Location", "/ok.png")
+            self.end_headers()
+            return
+        if self.path == "/missing.png":
+            self.send_error(404)
+            return
         self.send_response(200)
         self.end_headers()
         self.wfile.write(png())
@@ -71,7 +79,7 @@ class Slow(BaseHTTPRequestHandler):
 
 
 def test_http_fetch_with_timeout_when_private_addresses_are_allowed():
-    server = HTTPServer(("127.0.0.1", 0), Slow)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)  # the slow answer blocks no other
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_port}"
     try:
@@ -79,6 +87,12 @@ def test_http_fetch_with_timeout_when_private_addresses_are_allowed():
         assert load_images(msg(f"{base}/ok.png"), limits)[1] == [png()]
         with pytest.raises(RowError, match=r"took more than 0.5 s \(fetch_timeout_s\)"):
             load_images(msg(f"{base}/slow.png"), limits)
+        with pytest.raises(RowError, match=r"messages\[1\]\.content\[0\]: fetching the image gave HTTP 302"):
+            load_images(msg(f"{base}/moved.png"), limits)
+        with pytest.raises(RowError, match=r"gave HTTP 404"):
+            load_images(msg(f"{base}/missing.png"), limits)
+        with pytest.raises(RowError, match=r"more than 10 bytes \(max_bytes\)"):
+            load_images(msg(f"{base}/ok.png"), ImageLimits(allow_private_urls=True, max_bytes=10))
     finally:
         server.shutdown()
 

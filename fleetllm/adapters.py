@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from fleetllm.errors import ModelError
 
@@ -28,6 +28,19 @@ def check_names(adapters: Mapping[str, str], base_id: str | None = None) -> None
                              "(it becomes a model id and a column value)")
         if base_id is not None and name == base_id:
             raise ValueError(f"LoRA adapter name {name!r} is the base model's id; give the adapter another name")
+
+
+def model_ids(served: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, str]]:
+    """The model ids of served models' LoRA adapters ({base model id: adapter names}): each adapter's name
+    (vLLM's --lora-modules convention; unless another served model has that id, or an earlier base an adapter
+    of that name) and `<model_id>:<name>` (Ray Serve LLM's multiplexing), mapped to (base model id, name)."""
+    ids: dict[str, tuple[str, str]] = {}
+    for base, names in served.items():
+        for name in names or ():
+            ids[f"{base}:{name}"] = (base, name)
+            if name not in served:
+                ids.setdefault(name, (base, name))
+    return ids
 
 
 def resolve(name: str, source: str) -> str:

@@ -96,7 +96,8 @@ class OpenAIBatchPreprocessor:
         self.defaults = dict(defaults)  # the job's `sampling`: every line's defaults, its body overrides them
         self.task = task
         self.adapters = tuple(adapters)  # model.lora_adapters: a line whose body.model names one uses it
-        self.images = images  # the model reads images: image parts go to the image stage (else refused)
+        # image parts are kept (a local VLM's image stage fetches them, an endpoint gets them), else refused
+        self.images = images
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)
@@ -116,7 +117,7 @@ class OpenAIBatchPreprocessor:
                 row["_embed_inputs"], row["_embed_dimensions"] = embeddings_inputs(body)
                 return row
             row["_adapter"] = line_adapter(body.get("model"), self.adapters)
-            if row["url"] == CHAT_URL and self.images and image_parts(body["messages"]):  # the image stage fetches them
+            if row["url"] == CHAT_URL and self.images and image_parts(body["messages"]):  # as they are, in JSON
                 row["_messages"] = json.dumps(body["messages"], ensure_ascii=False)
             elif row["url"] == CHAT_URL:
                 from fleetllm.engines.chat import text_content  # text parts joined; other parts refused

@@ -301,11 +301,15 @@ def endpoint_cause(exc: BaseException) -> str | None:
 
 def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None = None,
                       reads_images: bool = False) -> Callable[[dict], dict]:
+    """The job's row preprocessor. `reads_images`: the local model reads images (JobPlan.reads_images), so the
+    image parts of OpenAI Batch lines go to the image stage; on engine openai they go to the endpoint as they
+    are (it fetches them, or refuses them as a 400 that is the row's error)."""
     sampling = spec.sampling.request_params(engine)
     if spec.input.format == "openai_batch":
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters), reads_images)
+        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters),
+                                       reads_images or engine == "openai")
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 

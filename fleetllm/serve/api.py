@@ -128,8 +128,9 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     async def list_models(request: Request):
         check_key(request)
         cards = [ModelCard(id=m, max_model_len=b.max_model_len) for m, b in backends.items()]
+        # every id a request may name: vLLM lists an adapter by name, Ray Serve LLM as `<base>:<name>`
         cards += [ModelCard(id=m, max_model_len=backends[base].max_model_len, parent=base)
-                  for m, (base, _) in adapters.items() if ":" not in m]
+                  for m, (base, _) in adapters.items()]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.get("/health")
@@ -327,15 +328,10 @@ def _event(model) -> str:
 
 
 def adapter_ids(backends: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """The model ids of the backends' LoRA adapters: each adapter's name (vLLM's --lora-modules convention)
-    and `<model_id>:<name>` (Ray Serve LLM's multiplexing), mapped to (base model id, adapter name)."""
-    ids: dict[str, tuple[str, str]] = {}
-    for base, backend in backends.items():
-        for name in getattr(backend, "adapters", ()) or ():
-            ids[f"{base}:{name}"] = (base, name)
-            if name not in backends:
-                ids.setdefault(name, (base, name))
-    return ids
+    """The model ids of the backends' LoRA adapters (fleetllm.adapters.model_ids), mapped to (base, name)."""
+    from fleetllm.adapters import model_ids
+
+    return model_ids({base: getattr(backend, "adapters", ()) for base, backend in backends.items()})
 
 
 def build_payload(req, endpoint: str, images: bool = False) -> dict[str, Any]:

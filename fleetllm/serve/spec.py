@@ -220,8 +220,10 @@ class ServeSpec(StrictModel):
         return self.batches.store_url(self.name) if self.batches.enabled else None
 
     def batch_models(self) -> dict[str, dict[str, Any]]:
-        """model id -> {task, max_in_flight}: what the batch service validates and sends against."""
+        """model id -> {task, max_in_flight}: what the batch service validates and sends against; a LoRA
+        adapter's model ids (its name, `<model_id>:<name>`) are its base model's."""
         from fleetllm import models
+        from fleetllm.adapters import model_ids
 
         out = {}
         for m in self.models:
@@ -234,6 +236,8 @@ class ServeSpec(StrictModel):
             replicas = m.autoscaling.max_replicas if m.autoscaling else m.replicas
             window = self.batches.max_in_flight or max(1, replicas * m.max_ongoing_requests // 2)
             out[m.model_id] = {"task": task, "max_in_flight": window}
+        for adapter_id, (base, _) in model_ids({m.model_id: m.lora_adapters for m in self.models}).items():
+            out.setdefault(adapter_id, dict(out[base]))
         return out
 
     def llm_configs(self) -> list["LLMConfig"]:

@@ -1,8 +1,10 @@
 """`fleetllm serve` with a vision-language model and a chat model with LoRA adapters, through the official
-openai client: an image part in a chat message, an adapter named as the model, and their errors."""
+openai client: an image part in a chat message, an adapter named as the model, and their errors; the Batch API
+takes the same (an adapter as a line's model, image parts in its messages)."""
 
 import base64
 import io
+import json
 
 import openai
 import pytest
@@ -30,7 +32,8 @@ def served(tmp_path_factory, embedded_model):
     common = {"engine": "transformers", "cpus_per_replica": 0.5, "max_ongoing_requests": 4}
     spec = {"name": "images-adapters", "models": [
         {**common, "model_id": "vlm", "source": str(vlm)},
-        {**common, "model_id": "smollm2", "source": embedded_model, "lora_adapters": adapters}]}
+        {**common, "model_id": "smollm2", "source": embedded_model, "lora_adapters": adapters}],
+        "batches": {"path": str(root / "batches"), "shard_rows": 4}}
     server = ServeProcess(spec, root).start()
     yield openai.OpenAI(base_url=server.url, api_key="none", max_retries=0)
     server.stop()
@@ -71,3 +74,31 @@ def test_image_part_counts_its_tokens_and_bad_images_are_400s(served):
     with pytest.raises(openai.BadRequestError) as err:  # a text-only model refuses the image, naming why
         chat(served, "smollm2", [{"type": "image_url", "image_url": {"url": data_url()}}])
     assert "reads text only" in err.value.message
+
+
+def test_batch_api_lines_name_an_adapter_and_carry_image_parts(served):
+    from fleetllm.testing.batch_client import read_lines, submit, wait_for
+
+    def line(custom_id, model, content):
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+                         "temperature": 0}}
+
+    image = [{"type": "image_url", "image_url": {"url": data_url()}}, {"type": "text", "text": "Describe it."}]
+    bad = [{"type": "text", "text": "Describe it."},
+           {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]
+    on_adapter = submit(served, [line("c", "smollm2:a1", "Name a colour.")])
+    on_vlm = submit(served, [line("img", "vlm", image), line("bad", "vlm", bad)])
+
+    batch = wait_for(served, on_adapter.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 1, batch.errors
+    body = read_lines(served, batch.output_file_id)[0]["response"]["body"]
+    assert body["model"] == "smollm2:a1"
+    assert body["choices"][0]["message"]["content"] == chat(served, "a1", "Name a colour.").choices[0].message.content
+
+    batch = wait_for(served, on_vlm.id)
+    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (1, 1)
+    out, err = read_lines(served, batch.output_file_id), read_lines(served, batch.error_file_id)
+    assert out[0]["custom_id"] == "img"
+    assert out[0]["response"]["body"]["usage"]["prompt_tokens"] == chat(served, "vlm", image).usage.prompt_tokens
+    assert err[0]["custom_id"] == "bad" and "messages[0].content[1]" in json.dumps(err[0])

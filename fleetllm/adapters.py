@@ -46,7 +46,7 @@ def model_ids(served: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, str]]
 def resolve(name: str, source: str) -> str:
     """The local folder of one adapter source; ModelError naming the adapter and the fix."""
     local = Path(source).expanduser()
-    if local.exists() or source.startswith((".", "/", "~")):
+    if is_local(source):
         if not (local / CONFIG).is_file():
             raise ModelError(f"LoRA adapter {name!r}: {source!r} is not a peft adapter folder (no {CONFIG} in it); "
                              "give a folder saved with peft's save_pretrained")
@@ -64,8 +64,14 @@ def resolve(name: str, source: str) -> str:
                      "(s3://...) nor a Hugging Face id of the form org/name")
 
 
-def resolve_all(adapters: Mapping[str, str]) -> dict[str, str]:
-    return {name: resolve(name, source) for name, source in adapters.items()}
+def resolve_all(adapters: Mapping[str, str], fetch: bool = True) -> dict[str, str]:
+    """{name: local folder}. fetch=False (a dry run): local folders resolved and checked, object-store URLs
+    and hub ids kept as given (nothing is copied or downloaded)."""
+    return {name: resolve(name, source) if fetch or is_local(source) else source for name, source in adapters.items()}
+
+
+def is_local(source: str) -> bool:
+    return Path(source).expanduser().exists() or source.startswith((".", "/", "~"))
 
 
 def _from_store(name: str, url: str) -> str:

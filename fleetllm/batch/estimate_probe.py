@@ -45,7 +45,7 @@ def probe_rows(plan, rows: int) -> list[dict]:
     from fleetllm.batch.runner import make_preprocessor
     from fleetllm.batch.shard_rows import read_shard_rows
 
-    pre = make_preprocessor(plan.spec, plan.task, plan.engine)
+    pre = make_preprocessor(plan.spec, plan.task, plan.engine, plan.reads_images)
     picked: list[dict] = []
     for shard in plan.shards:
         picked += [pre(r) for r in read_shard_rows(shard.to_dict(), plan.read_format, plan.columns,
@@ -65,7 +65,12 @@ def call_table(plan, rows: list[dict], cap: int | None):
     if cap is not None:
         rows = [{**r, "sampling_params": json.dumps({**sampling_of(r, plan), "max_tokens": cap})} for r in rows]
     table = table_from_rows(rows)
-    tokenize = engine_pool(plan).tokenize_stage_kwargs()
+    pool = engine_pool(plan)
+    if pool.images is not None:  # a VLM's rows: their images fetched as the job's image stage does
+        from fleetllm.batch.image_stage import add_images
+
+        table = add_images(table, pool.images)
+    tokenize = pool.tokenize_stage_kwargs()
     if tokenize is not None:
         from fleetllm.batch.tokenize_stage import add_prompt_token_ids
 
@@ -108,6 +113,10 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
 
     t_plan = time.time()
     plan = plan_job(spec, dry_run=True, resources=local_resources_for_run(spec))
+    if spec.model.lora_adapters:  # the probe's engine loads them: fetched as a run fetches them
+        from fleetllm.adapters import resolve_all
+
+        plan.engine_kwargs["lora_adapters"] = resolve_all(spec.model.lora_adapters)
     if plan.task != "generate" or plan.engine == "openai":
         raise PlanError(f"fleetllm calibrate measures a local engine generating text; this job is "
                         f"{'an embed job' if plan.task != 'generate' else 'against an endpoint (engine openai)'}: "

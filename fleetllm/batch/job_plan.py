@@ -207,8 +207,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     if spec.model.lora_adapters:  # resolved to local folders; the engine loads them (and they fingerprint the job)
         from fleetllm import adapters
 
-        engine_kwargs["lora_adapters"] = (dict(spec.model.lora_adapters) if dry_run
-                                          else adapters.resolve_all(spec.model.lora_adapters))
+        # a dry run fetches nothing, but resolves local folders as the run does (the same fingerprint)
+        engine_kwargs["lora_adapters"] = adapters.resolve_all(spec.model.lora_adapters, fetch=not dry_run)
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fleetllm.testing.tiny_model import save_whole
+
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -15,8 +17,6 @@ def make_lora_adapter(base_path: str | Path, out_dir: str | Path, seed: int, ran
                       scale: float = 0.5, model=None) -> Path:
     """Write a random LoRA adapter for the model in `base_path` to `out_dir` (reused when present).
     `model`: the base model already loaded (saves loading it once per adapter); it is left unchanged."""
-    import shutil
-
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -35,10 +35,6 @@ def make_lora_adapter(base_path: str | Path, out_dir: str | Path, seed: int, ran
         for name, param in peft_model.named_parameters():
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * scale / param.shape[-1] ** 0.5)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    peft_model.save_pretrained(tmp)
+    save_whole(out, peft_model)
     peft_model.unload()  # the base model's modules back as they were
-    tmp.rename(out)
     return out

@@ -17,8 +17,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def make_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 64, seed: int = 0,
                     max_position_embeddings: int = 512) -> Path:
     """Write a tiny Llama (random weights, SmolLM2 tokenizer) to `out_dir`; returns the folder."""
-    import shutil
-
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -35,11 +33,18 @@ def make_tiny_model(out_dir: str | Path, layers: int = 2, hidden: int = 64, seed
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    return save_whole(out, LlamaForCausalLM(config), tokenizer)
+
+
+def save_whole(out: Path, *parts) -> Path:
+    """`save_pretrained` of each part into a folder beside `out`, then renamed to `out`: a folder there is
+    whole (one left by a killed test is the `.tmp`, made again)."""
+    import shutil
+
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    for part in parts:
+        part.save_pretrained(tmp)
     tmp.rename(out)
     return out

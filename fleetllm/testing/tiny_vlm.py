@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fleetllm import models
+from fleetllm.testing.tiny_model import save_whole
 
 IMAGE_SIZE = 64  # pixels of the vision encoder's square input (images are resized to it)
 PATCH = 16
@@ -26,8 +27,6 @@ CHAT_TEMPLATE = (
 
 def make_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny Idefics3 (random weights, SmolLM2 tokenizer, its chat template) to `out_dir`."""
-    import shutil
-
     import torch
     from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration,
                               Idefics3ImageProcessorPil, Idefics3Processor)
@@ -53,11 +52,4 @@ def make_tiny_vlm(out_dir: str | Path, seed: int = 0) -> Path:
                             image_token_id=processor.image_token_id, tie_word_embeddings=False,
                             pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    processor.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
+    return save_whole(out, Idefics3ForConditionalGeneration(config), processor)

@@ -24,3 +24,43 @@ def test_processor_keeps_input_columns_and_adds_outputs(ray_local, tiny_model):
     from fleetllm.batch.processor import OUTPUT_COLUMNS
 
     assert set(rows[0]) == {"instruction", "k", "messages", "sampling_params", "answer", *OUTPUT_COLUMNS}
+
+
+def test_processor_rows_with_image_parts_and_adapters(ray_local, tiny_model, tmp_path):
+    """Ray Data LLM's VLM rows (messages with image_url parts) and a row's `model` naming its LoRA adapter."""
+    import base64
+    import io
+
+    import ray
+    from PIL import Image
+
+    from fleetllm.testing.tiny_lora import make_lora_adapter
+    from fleetllm.testing.tiny_vlm import IMAGE_TOKENS, make_tiny_vlm
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(buf, "PNG")
+    urls = {"red": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
+            "bad": "data:image/png;base64,bm90IGFuIGltYWdl", "text": None}
+
+    def vlm_row(row):
+        parts = [{"type": "image_url", "image_url": {"url": row["url"]}}] if row["url"] else []
+        return dict(messages=[{"role": "user", "content": [*parts, {"type": "text", "text": "Describe it."}]}],
+                    sampling_params=dict(temperature=0.0, max_tokens=4))
+
+    config = TransformersEngineProcessorConfig(model_source=str(make_tiny_vlm(tmp_path / "vlm")), concurrency=1,
+                                               batch_size=4)
+    out = {r["k"]: r for r in build_processor(config, preprocess=vlm_row)(
+        ray.data.from_items([{"k": k, "url": u} for k, u in urls.items()])).take_all()}
+    assert out["red"]["error"] is None and out["text"]["error"] is None
+    assert out["red"]["num_input_tokens"] >= out["text"]["num_input_tokens"] + IMAGE_TOKENS + 2
+    assert "messages[0].content[0]" in out["bad"]["error"] and "not an image" in out["bad"]["error"]
+
+    adapters = {f"a{i}": str(make_lora_adapter(tiny_model, tmp_path / f"a{i}", seed=i)) for i in range(2)}
+    config = TransformersEngineProcessorConfig(model_source=tiny_model, concurrency=1, batch_size=8,
+                                               lora_adapters=adapters)
+    items = [{"k": f"{m}-{n}", "model": m} for m in ("a0", "a1", None) for n in range(2)]
+    out = {r["k"]: r["generated_text"] for r in build_processor(config, preprocess=lambda row: dict(
+        messages=[{"role": "user", "content": "Name a colour."}], sampling_params=dict(temperature=0.0, max_tokens=6)),
+    )(ray.data.from_items(items)).take_all()}
+    assert all(out[f"{m}-0"] == out[f"{m}-1"] for m in ("a0", "a1", None))  # each row on its own adapter
+    assert len({out["a0-0"], out["a1-0"], out["None-0"]}) == 3

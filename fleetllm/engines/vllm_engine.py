@@ -100,11 +100,10 @@ class VLLMEngine(Engine):
     def vllm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
         """The AsyncEngineArgs this engine starts vLLM with: the user's engine_kwargs plus defaults."""
         from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
-
         from fleetllm.engines.vllm_inputs import lora_kwargs
 
         kwargs = dict(self.engine_kwargs)
-        kwargs.update(lora_kwargs(kwargs.pop("lora_adapters", None) or {}, kwargs))
+        kwargs.update(lora_kwargs(kwargs.pop("lora_adapters", None) or {}, kwargs, on_cpu))
         # serving keeps vLLM's statistics (its `vllm:` Prometheus metrics, fleetllm.serve.vllm_metrics), as `vllm
         # serve` does; a batch job has no use for them
         kwargs.setdefault("disable_log_stats", self.usage_context != "OPENAI_API_SERVER")

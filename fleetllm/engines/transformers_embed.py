@@ -27,11 +27,14 @@ class TransformersEmbedEngine(Engine):
     def start(self) -> None:
         import torch
 
-        unknown = sorted(set(self.engine_kwargs) - set(KNOWN_KWARGS))
+        from fleetllm.engines.vllm_kwargs import for_transformers
+
+        kw = for_transformers(self.engine_kwargs)
+        kw.pop("token", None)  # the model is local
+        unknown = sorted(set(kw) - set(KNOWN_KWARGS))
         if unknown:
             raise EngineError(f"engine_kwargs {unknown} are not settings of the transformers embedding engine; "
                               f"known: {list(KNOWN_KWARGS)}")
-        kw = self.engine_kwargs
         device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         threads = kw.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
         if device == "cpu" and threads:

@@ -21,6 +21,7 @@ from fleetllm.engines.base import (
     clean_sampling,
 )
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
+from fleetllm.engines import vllm_kwargs
 from fleetllm.engines.fields import output_budget
 from fleetllm.errors import EngineError, RowError
 
@@ -40,7 +41,7 @@ class TransformersEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        kwargs = dict(self.engine_kwargs)
+        kwargs = vllm_kwargs.for_transformers(self.engine_kwargs)
         own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
         device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         threads = own.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))

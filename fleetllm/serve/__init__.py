@@ -17,6 +17,9 @@ from typing import Any
 
 _LAZY = {
     "LLMConfig": "fleetllm.serve.spec",
+    "ModelLoadingConfig": "fleetllm.serve.spec",
+    "LLMServingArgs": "fleetllm.serve.ray_names",
+    "build_llm_deployment": "fleetllm.serve.ray_builders",
     "ServeSpec": "fleetllm.serve.spec",
     "load_serve_spec": "fleetllm.serve.spec",
     "build_openai_app": "fleetllm.serve.app",

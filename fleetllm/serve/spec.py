@@ -223,6 +223,13 @@ class LLMConfig(ServedEngineSpec):
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_names(cls, data: Any) -> Any:
+        from fleetllm.serve.ray_names import normalize
+
+        return normalize(data)
+
     @field_validator("deployment_config")
     @classmethod
     def _known_keys(cls, value: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,166 @@
+"""`ray.data.llm`'s field names and shapes on fleetllm's processor configs (docs/ray-compat.md).
+
+A Ray Data LLM config validates here with its own names: `max_concurrent_batches` is fleetllm's
+`batches_in_flight`; `task_type`, `runtime_env`, `accelerator_type`, `placement_group_config`,
+`should_continue_on_error`, a `(min, max)` concurrency, the legacy `apply_chat_template` /
+`chat_template` / `tokenize` / `detokenize` flags and the `*_stage` configs (bool, dict or the stage
+config classes below) are read into fleetllm's settings, or refused naming the field where fleetllm
+cannot do what Ray documents.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("fleetllm.batch")
+
+RAY_ERROR_COLUMN = "__inference_error__"  # Ray's per-row error column (should_continue_on_error)
+RENAMED = {"max_concurrent_batches": "batches_in_flight"}
+# Ray settings fleetllm sizes itself: accepted and not used (logged).
+NOT_USED = ("max_pending_requests", "max_tasks_in_flight_per_actor", "log_engine_metrics")
+STAGES = {"chat_template_stage": "apply_chat_template", "tokenize_stage": "tokenize",
+          "detokenize_stage": "detokenize", "prepare_multimodal_stage": "has_image",
+          "prepare_image_stage": "has_image"}
+
+
+class _StageConfig(BaseModel):
+    """Ray's per-stage config: fleetllm runs these steps inside its engine stage, so only `enabled` (and a
+    chat template's settings) matter; the stage's own batch size, concurrency and resources are fleetllm's."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    enabled: bool = True
+    batch_size: int | None = None
+    concurrency: int | tuple[int, int] | None = None
+    runtime_env: dict[str, Any] | None = None
+    num_cpus: float | None = None
+    memory: float | None = None
+    model_source: str | None = None
+
+
+class ChatTemplateStageConfig(_StageConfig):
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizerStageConfig(_StageConfig):
+    pass
+
+
+class DetokenizeStageConfig(_StageConfig):
+    pass
+
+
+class PrepareMultimodalStageConfig(_StageConfig):
+    pass
+
+
+PrepareImageStageConfig = PrepareMultimodalStageConfig
+
+
+class RayProcessorFields(BaseModel):
+    """The Ray Data LLM fields fleetllm's processor configs accept besides their own."""
+
+    accelerator_type: str | None = Field(None, description="Ray: the GPU type replicas need. fleetllm places "
+                                         "replicas by GPU count; the type is logged, not enforced.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the engine replicas.")
+    task_type: str = Field("generate", description="Ray: generate | embed (an embedding model; `embedding` out).")
+    placement_group_config: dict[str, Any] | None = Field(
+        None, description="Ray: the replica's bundles. fleetllm makes vLLM's placement group from TP x PP; a "
+        "config asking for more GPUs than that is refused.")
+    should_continue_on_error: bool = Field(
+        False, description="Ray: record failed rows instead of raising. fleetllm always records them (`error`); "
+        "True adds Ray's `__inference_error__` column too.")
+    apply_chat_template: bool = True
+    tokenize: bool = True
+    detokenize: bool = True
+    has_image: bool = False
+
+
+def _stage_enabled(value: Any) -> tuple[bool, dict[str, Any]]:
+    if isinstance(value, bool):
+        return value, {}
+    data = value.model_dump(exclude_none=True) if isinstance(value, BaseModel) else dict(value or {})
+    return bool(data.pop("enabled", True)), data
+
+
+def normalize(data: Any) -> Any:
+    """A processor config's input with Ray's names turned into fleetllm's (a before-validator)."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for ray_name, name in RENAMED.items():
+        if ray_name in data:
+            if name in data:
+                raise ValueError(f"give {ray_name} (Ray's name) or {name}, not both")
+            data[name] = data.pop(ray_name)
+    for ray_name in NOT_USED:
+        if ray_name in data:
+            log.info("%s=%r: fleetllm sizes this itself; not used", ray_name, data.pop(ray_name))
+    for key in ("dynamic_lora_loading_path",):
+        if data.get(key) is not None:
+            raise ValueError(f"{key} is not supported by fleetllm's processor; load LoRA adapters by "
+                             "model_source instead")
+        data.pop(key, None)
+    chat_kwargs = dict(data.get("chat_template_kwargs") or {})
+    if data.get("chat_template") is not None:
+        chat_kwargs["chat_template"] = data.pop("chat_template")
+    data.pop("chat_template", None)
+    for stage, flag in STAGES.items():
+        if stage not in data:
+            continue
+        enabled, settings = _stage_enabled(data.pop(stage))
+        data[flag] = enabled
+        if settings.get("chat_template"):
+            chat_kwargs["chat_template"] = settings["chat_template"]
+        chat_kwargs.update(settings.get("chat_template_kwargs") or {})
+    if chat_kwargs:
+        data["chat_template_kwargs"] = chat_kwargs
+    concurrency = data.get("concurrency")
+    if isinstance(concurrency, (tuple, list)):
+        if len(concurrency) != 2 or not all(isinstance(c, int) and c > 0 for c in concurrency) \
+                or concurrency[0] > concurrency[1]:
+            raise ValueError(f"concurrency {concurrency!r}: give an int or (min, max) with 1 <= min <= max")
+        data["concurrency"] = tuple(concurrency)
+    return data
+
+
+def check(config: Any) -> None:
+    """Refuse what Ray documents and fleetllm cannot do, naming the field (an after-validator)."""
+    if config.task_type not in ("generate", "embed"):
+        raise ValueError(f"task_type {config.task_type!r}: fleetllm's processor generates or embeds; use "
+                         "task_type='generate' or 'embed'")
+    if config.has_image:
+        raise ValueError("prepare_multimodal_stage / prepare_image_stage: fleetllm's processor takes text; images in "
+                         "chat messages are served by `fleetllm serve` (leave the stage disabled)")
+    bundles = (config.placement_group_config or {}).get("bundles") or []
+    gpus = sum(float(b.get("GPU", 0)) for b in bundles)
+    if gpus and config.engine != "vllm":
+        raise ValueError(f"placement_group_config asks for {gpus:g} GPUs; the {config.engine} engine runs a replica "
+                         "in one actor: set gpus_per_replica instead")
+
+
+def replica_range(concurrency: int | tuple[int, int]) -> list[int]:
+    """Replica counts to try, largest first: (min, max) -> max..min (as Ray's autoscaling pool would reach)."""
+    if isinstance(concurrency, tuple):
+        return list(range(concurrency[1], concurrency[0] - 1, -1))
+    return [concurrency]
+
+
+def ray_remote_args(config: Any) -> dict[str, Any]:
+    """Ray options of the engine replicas from the Ray fields (runtime_env); logs accelerator_type."""
+    if config.accelerator_type:
+        log.warning("accelerator_type=%r: fleetllm places replicas by GPU count, not by GPU type",
+                    config.accelerator_type)
+    return {"runtime_env": config.runtime_env} if config.runtime_env else {}
+
+
+def ray_output(row: dict[str, Any], config: Any) -> dict[str, Any]:
+    """Ray's output columns beside fleetllm's: `embeddings` (embed), `__inference_error__`."""
+    if "embedding" in row and "embeddings" not in row:
+        row["embeddings"] = row["embedding"]
+    if config.should_continue_on_error:
+        row[RAY_ERROR_COLUMN] = row.get("error")
+    return row

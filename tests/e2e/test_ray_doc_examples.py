@@ -1,0 +1,235 @@
+"""Ray's own `ray.data.llm` and `ray.serve.llm` documentation examples, run against fleetllm.
+
+Each example is Ray's code with only the import (`ray.data.llm` -> `fleetllm`; vLLMEngineProcessorConfig
+imported as fleetllm's TransformersEngineProcessorConfig, the engine this CPU machine runs), the model (the
+embedded smollm2-135m-instruct / all-minilm-l6-v2) and the sizes (max_tokens, batch sizes) changed.
+Sources (ray-project/ray):
+- doc/source/data/doc_code/working-with-llms/minimal_quickstart.py @ 1658f595a39735cd0329f5a935dab465b82158a2
+- doc/source/data/doc_code/working-with-llms/basic_llm_example.py @ 240738c34f40b25a44858b43af652e748bea1735
+- python/ray/data/llm.py (Ray 2.60.0 docstrings: build_processor's builder_kwargs and map_kwargs examples)
+- python/ray/serve/llm/__init__.py (Ray 2.60.0 docstrings: build_openai_app with LLMServingArgs)
+- doc/source/serve/llm/quick-start.md @ 0afabf1d6d82c96d4c94f6d839bbc99efcdb0b01 (the bind pattern for
+  several models, queried with the OpenAI client; `serve.run(..., blocking=True)` made non-blocking)
+Examples needing what fleetllm does not claim are listed in SKIPPED with the reason (docs/ray-compat.md).
+"""
+
+import logging
+
+import pytest
+
+from fleetllm import TransformersEngineProcessorConfig as vLLMEngineProcessorConfig  # noqa: N813 - the import changed
+from fleetllm import build_llm_processor, build_processor
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+MODEL = "smollm2-135m-instruct"
+
+SKIPPED = {
+    "basic_llm_example.py __parallel_config_example__": "tensor/pipeline parallel on 4 GPUs with accelerator_type L4",
+    "basic_llm_example.py __runai_config_example__": "load_format runai_streamer (vLLM on GPUs)",
+    "basic_llm_example.py __s3_config_example__": "a model in an S3 bucket (no network here)",
+    "basic_llm_example.py __lora_config_example__": "vLLM multi-LoRA (LoRA in batch is not claimed)",
+    "vlm_example.py, vlm_image_example.py, vlm_video_example.py, omni_audio_example.py":
+        "images, video and audio in the batch processor (fleetllm's processor takes text)",
+    "serve_deployment_example.py": "ServeDeploymentProcessorConfig (not claimed)",
+    "build_llm_deployment docstring": "queries the deployment handle with chat.remote(ChatCompletionRequest); "
+                                      "fleetllm's replicas speak HTTP",
+    "quick-start.md Multi-LoRA deployment": "lora_config with dynamic_lora_loading_path on S3 (no network here)",
+    "quick-start.md Vision language models": "pixtral-12b on an L40S (images are t35's; no such model here)",
+    "quick-start.md Serving small models on fraction of GPUs": "placement_group_config with fractional GPU bundles",
+    "quick-start.md Embeddings": "engine_kwargs task=embed of Qwen2.5-0.5B (a chat model; fleetllm embeds with "
+                                 "embedding models, task: embed)",
+}
+
+
+def test_minimal_quickstart():
+    import ray
+
+    ds = ray.data.from_items([
+        {"prompt": "What is machine learning?"},
+        {"prompt": "Explain neural networks in one sentence."},
+    ])
+    config = vLLMEngineProcessorConfig(
+        model_source=MODEL,
+        concurrency=1,  # 1 vLLM engine replica
+        batch_size=32,  # 32 samples per batch
+    )
+    processor = build_processor(
+        config,
+        preprocess=lambda row: {
+            "messages": [{"role": "user", "content": row["prompt"]}],
+            "sampling_params": {"temperature": 0.7, "max_tokens": 8},
+        },
+        postprocess=lambda row: {
+            "prompt": row["prompt"],
+            "response": row["generated_text"],
+        },
+    )
+    ds = processor(ds)
+    results = list(ds.iter_rows())
+    assert sorted(r["prompt"] for r in results) == ["Explain neural networks in one sentence.",
+                                                    "What is machine learning?"]
+    assert all(r["response"] for r in results)
+
+
+def test_basic_llm_example_with_vllm_engine_kwargs_and_ray_fields(caplog):
+    """basic_llm_example.py's first config (vLLM engine_kwargs) plus the Ray fields its other configs set
+    (runtime_env, max_concurrent_batches, a (min, max) concurrency, the stage configs, should_continue_on_error,
+    map kwargs) and sampling_params.detokenize."""
+    import ray
+
+    config = vLLMEngineProcessorConfig(
+        model_source=MODEL,
+        engine_kwargs={
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 4096,  # Reduce if CUDA OOM occurs
+            "max_model_len": 2048,
+            "hf_token": None,
+        },
+        runtime_env={"env_vars": {"HF_TOKEN": "your_huggingface_token"}},
+        concurrency=(1, 1),
+        batch_size=4,
+        max_concurrent_batches=1,
+        chat_template_stage={"enabled": True},
+        tokenize_stage=True,
+        detokenize_stage=True,
+        should_continue_on_error=True,
+    )
+    processor = build_llm_processor(
+        config,
+        preprocess=lambda row: dict(
+            messages=[
+                {"role": "system", "content": "You are a bot that responds with haikus."},
+                {"role": "user", "content": row["item"]},
+            ],
+            sampling_params=dict(temperature=0.3, max_tokens=8, detokenize=False),
+        ),
+        postprocess=lambda row: dict(
+            answer=row["generated_text"],
+            **row,  # This will return all the original columns in the dataset.
+        ),
+        preprocess_map_kwargs=dict(num_cpus=0.1),
+        postprocess_map_kwargs=dict(num_cpus=0.1),
+    )
+    processor.log_input_column_names()
+    ds = ray.data.from_items(["Start of the haiku is: Complete this for me...", ""])
+    with caplog.at_level(logging.WARNING, logger="fleetllm"):
+        rows = processor(ds).take_all()
+    assert len(rows) == 2
+    good = [r for r in rows if r["item"]]
+    assert good[0]["answer"] and good[0]["__inference_error__"] is None and good[0]["error"] is None
+
+
+def test_embedding_config_example(embedding_model):
+    """basic_llm_example.py's __embedding_config_example__ (task_type embed)."""
+    import ray
+
+    embedding_config = vLLMEngineProcessorConfig(
+        model_source=embedding_model,
+        task_type="embed",
+        engine_kwargs=dict(
+            enable_prefix_caching=False,
+            enable_chunked_prefill=False,
+            max_model_len=256,
+            enforce_eager=True,
+        ),
+        batch_size=32,
+        concurrency=1,
+        apply_chat_template=False,
+        detokenize=False,
+    )
+    processor = build_llm_processor(
+        embedding_config,
+        preprocess=lambda row: dict(prompt=row["text"]),
+        postprocess=lambda row: {
+            "text": row["prompt"],
+            "embedding": row["embeddings"],
+        },
+    )
+    rows = processor(ray.data.from_items([{"text": "Hello world"}, {"text": "Ray Data"}])).take_all()
+    assert sorted(r["text"] for r in rows) == ["Hello world", "Ray Data"]
+    assert all(len(r["embedding"]) == 384 for r in rows)
+
+
+def test_builder_kwargs_chat_template_kwargs():
+    """ray/data/llm.py's build_processor docstring: builder_kwargs=dict(chat_template_kwargs=...)."""
+    import ray
+
+    config = vLLMEngineProcessorConfig(model_source=MODEL, concurrency=1, batch_size=64)
+    processor = build_processor(
+        config,
+        preprocess=lambda row: dict(
+            messages=[{"role": "user", "content": row["prompt"]}],
+            sampling_params=dict(temperature=0.6, max_tokens=8),
+        ),
+        postprocess=lambda row: dict(resp=row["generated_text"]),
+        builder_kwargs=dict(chat_template_kwargs={"enable_thinking": True}),
+    )
+    rows = processor(ray.data.from_items([{"prompt": "What is 2+2?"}])).take_all()
+    assert rows[0]["resp"]
+
+
+def test_serve_quick_start_bind_pattern_two_models():
+    """quick-start.md: "For deploying multiple models" in the bind pattern, then the OpenAI client (streaming,
+    as in the quick-start's client) and Ray's builder pattern with LLMServingArgs built for the same configs."""
+    from openai import OpenAI
+    from ray import serve
+
+    from fleetllm.serve import LLMConfig, LLMServingArgs, build_openai_app
+    from fleetllm.serve.deployments import LLMServer, OpenAiIngress, make_fastapi_ingress
+    from fleetllm.testing.serve_process import free_port
+
+    llm_config1 = LLMConfig(
+        model_loading_config=dict(
+            model_id="qwen-0.5b",
+            model_source=MODEL,
+        ),
+        deployment_config=dict(
+            autoscaling_config=dict(
+                min_replicas=1, max_replicas=2,
+            )
+        ),
+        accelerator_type="A10G",
+    )
+    llm_config2 = LLMConfig(
+        model_loading_config=dict(
+            model_id="qwen-1.5b",
+            model_source=MODEL,
+        ),
+        deployment_config=dict(
+            autoscaling_config=dict(
+                min_replicas=1, max_replicas=2,
+            )
+        ),
+        accelerator_type="A10G",
+    )
+    # deployment #1
+    server_options1 = LLMServer.get_deployment_options(llm_config1)
+    server_deployment1 = serve.deployment(LLMServer).options(
+        **server_options1).bind(llm_config1)
+    # deployment #2
+    server_options2 = LLMServer.get_deployment_options(llm_config2)
+    server_deployment2 = serve.deployment(LLMServer).options(
+        **server_options2).bind(llm_config2)
+    # ingress
+    ingress_options = OpenAiIngress.get_deployment_options(
+        llm_configs=[llm_config1, llm_config2])
+    ingress_cls = make_fastapi_ingress(OpenAiIngress)
+    ingress_deployment = serve.deployment(ingress_cls).options(
+        **ingress_options).bind([server_deployment1, server_deployment2])
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run(ingress_deployment, blocking=False, name="ray-bind", route_prefix="/")
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="fake-key")
+        for model in ("qwen-0.5b", "qwen-1.5b"):
+            response = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hello!"}], stream=True,
+                max_tokens=8, temperature=0)
+            text = "".join(chunk.choices[0].delta.content or "" for chunk in response if chunk.choices)
+            assert text
+        assert sorted(m.id for m in client.models.list().data) == ["qwen-0.5b", "qwen-1.5b"]
+    finally:
+        serve.shutdown()
+    app = build_openai_app(LLMServingArgs(llm_configs=[llm_config1, llm_config2]))  # the builder pattern
+    assert app is not None

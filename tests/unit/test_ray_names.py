@@ -1,0 +1,77 @@
+"""Ray Data LLM's and Ray Serve LLM's field names and shapes on fleetllm's configs (docs/ray-compat.md)."""
+
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from fleetllm import (ChatTemplateStageConfig, TransformersEngineProcessorConfig, build_processor,
+                      vLLMEngineProcessorConfig)
+from fleetllm.engines.fields import FieldError, check_sampling
+from fleetllm.engines.vllm_kwargs import for_transformers
+from fleetllm.serve import LLMConfig, ModelLoadingConfig
+
+MODEL = "smollm2-135m-instruct"
+
+
+def test_processor_takes_rays_names():
+    c = TransformersEngineProcessorConfig(
+        model_source=MODEL, max_concurrent_batches=3, concurrency=(1, 3), runtime_env={"env_vars": {"A": "1"}},
+        chat_template_stage=ChatTemplateStageConfig(chat_template="{{ x }}", chat_template_kwargs={"k": 1}),
+        tokenize_stage=False, detokenize_stage={"enabled": True}, should_continue_on_error=True,
+        accelerator_type="L4", max_pending_requests=10, log_engine_metrics=True)
+    assert c.batches_in_flight == 3 and c.concurrency == (1, 3)
+    assert c.chat_template_kwargs == {"chat_template": "{{ x }}", "k": 1}
+    assert (c.apply_chat_template, c.tokenize, c.detokenize) == (True, False, True)
+    legacy = vLLMEngineProcessorConfig(model_source=MODEL, chat_template="T", apply_chat_template=False,
+                                       task_type="embed")
+    assert legacy.chat_template_kwargs == {"chat_template": "T"} and legacy.task_type == "embed"
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"concurrency": (3, 1)}, "concurrency"),
+    ({"task_type": "classify"}, "task_type"),
+    ({"prepare_image_stage": True}, "prepare_image_stage"),
+    ({"max_concurrent_batches": 2, "batches_in_flight": 2}, "max_concurrent_batches"),
+    ({"placement_group_config": {"bundles": [{"GPU": 1}, {"GPU": 1}]}}, "placement_group_config"),
+])
+def test_processor_refuses_what_it_cannot_do_naming_the_field(fields, named):
+    with pytest.raises(ValidationError, match=named):
+        TransformersEngineProcessorConfig(model_source=MODEL, **fields)
+
+
+def test_build_processor_takes_rays_arguments():
+    config = TransformersEngineProcessorConfig(model_source=MODEL)
+    p = build_processor(config, preprocess_map_kwargs={"num_cpus": 0.5},
+                        builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}})
+    assert p.preprocess_map_kwargs == {"num_cpus": 0.5}
+    assert p.config.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ValueError, match="builder_kwargs"):
+        build_processor(config, builder_kwargs={"telemetry_agent": 1})
+
+
+def test_vllm_only_engine_kwargs_leave_transformers(caplog):
+    with caplog.at_level(logging.WARNING, logger="fleetllm"):
+        out = for_transformers({"enable_chunked_prefill": True, "max_num_batched_tokens": 4096,
+                                "max_model_len": 2048, "hf_token": "t"})
+    assert out == {"max_model_len": 2048, "token": "t"}
+    assert "enable_chunked_prefill" in caplog.text
+
+
+def test_sampling_detokenize_does_not_fail_rows():
+    assert check_sampling({"detokenize": False, "max_tokens": 4}, "transformers") == {"max_tokens": 4}
+    with pytest.raises(FieldError, match="detokenize"):
+        check_sampling({"detokenize": "no"}, "vllm")
+
+
+def test_llm_config_takes_ray_serve_names():
+    cfg = LLMConfig(model_loading_config=ModelLoadingConfig(model_id="m", model_source=MODEL), llm_engine="vLLM",
+                    accelerator_type="A10G", runtime_env={"env_vars": {"X": "1"}},
+                    placement_group_config={"bundles": [{"CPU": 1}]},
+                    deployment_config={"request_router_config": {
+                        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}})
+    assert cfg.engine == "vllm" and cfg.routing == "prefix_affinity"
+    assert cfg.deployment_config["ray_actor_options"]["runtime_env"] == {"env_vars": {"X": "1"}}
+    with pytest.raises(ValidationError, match="request_router_config"):
+        LLMConfig(model_loading_config=dict(model_id="m"),
+                  deployment_config={"request_router_config": {"request_router_class": "my.Router"}})

@@ -23,6 +23,7 @@ _LAZY = {
     "vLLMEngineProcessorConfig": "fleetllm.batch.processor",
     "Processor": "fleetllm.batch.processor",
     "build_llm_processor": "fleetllm.batch.processor",
+    "HttpRequestProcessorConfig": "fleetllm.batch.http_processor",
     "ChatTemplateStageConfig": "fleetllm.batch.ray_names",
     "TokenizerStageConfig": "fleetllm.batch.ray_names",
     "DetokenizeStageConfig": "fleetllm.batch.ray_names",

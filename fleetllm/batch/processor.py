@@ -170,9 +170,16 @@ def build_processor(config: _ProcessorConfig, preprocess: Callable[[Row], Row] |
                     postprocess: Callable[[Row], Row] | None = None,
                     preprocess_map_kwargs: dict[str, Any] | None = None,
                     postprocess_map_kwargs: dict[str, Any] | None = None,
-                    builder_kwargs: dict[str, Any] | None = None) -> Processor:
+                    builder_kwargs: dict[str, Any] | None = None) -> Any:
     """Build a processor: a callable taking and returning a Ray Dataset. `*_map_kwargs` go to Dataset.map;
-    `builder_kwargs` may carry `chat_template_kwargs` (Ray's builder argument)."""
+    `builder_kwargs` may carry `chat_template_kwargs` (Ray's builder argument). An HttpRequestProcessorConfig
+    builds fleetllm.batch.http_processor's processor."""
+    from fleetllm.batch.http_processor import HttpRequestProcessor, HttpRequestProcessorConfig
+
+    if isinstance(config, HttpRequestProcessorConfig):
+        if builder_kwargs:
+            raise ValueError("builder_kwargs are not read by the HTTP request processor")
+        return HttpRequestProcessor(config, preprocess, postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
     extra = dict(builder_kwargs or {})
     if extra.get("chat_template_kwargs"):
         config = config.model_copy(update={"chat_template_kwargs": {**config.chat_template_kwargs,

@@ -8,6 +8,8 @@ Sources (ray-project/ray):
 - doc/source/data/doc_code/working-with-llms/basic_llm_example.py @ 240738c34f40b25a44858b43af652e748bea1735
 - python/ray/data/llm.py (Ray 2.60.0 docstrings: build_processor's builder_kwargs and map_kwargs examples)
 - python/ray/serve/llm/__init__.py (Ray 2.60.0 docstrings: build_openai_app with LLMServingArgs)
+- doc/source/data/doc_code/working-with-llms/openai_api_example.py @ 240738c34f40b25a44858b43af652e748bea1735
+  (HttpRequestProcessorConfig; the url is the Serve app the quick-start test starts)
 - doc/source/serve/llm/quick-start.md @ 0afabf1d6d82c96d4c94f6d839bbc99efcdb0b01 (the bind pattern for
   several models, queried with the OpenAI client; `serve.run(..., blocking=True)` made non-blocking)
 Examples needing what fleetllm does not claim are listed in SKIPPED with the reason (docs/ray-compat.md).
@@ -229,7 +231,51 @@ def test_serve_quick_start_bind_pattern_two_models():
             text = "".join(chunk.choices[0].delta.content or "" for chunk in response if chunk.choices)
             assert text
         assert sorted(m.id for m in client.models.list().data) == ["qwen-0.5b", "qwen-1.5b"]
+        run_openai_api_example(f"http://127.0.0.1:{port}/v1/chat/completions")
     finally:
         serve.shutdown()
     app = build_openai_app(LLMServingArgs(llm_configs=[llm_config1, llm_config2]))  # the builder pattern
     assert app is not None
+
+
+def run_openai_api_example(url: str) -> None:
+    """openai_api_example.py against the served app (the model, url and sizes changed); a row sent to a model
+    the app does not serve keeps its error and skips postprocess."""
+    import os
+
+    import ray
+
+    from fleetllm import HttpRequestProcessorConfig
+
+    OPENAI_KEY = os.environ.get("OPENAI_API_KEY", "your-api-key-here")
+    ds = ray.data.from_items(["Hand me a haiku.", "missing-model"])
+    config = HttpRequestProcessorConfig(
+        url=url,
+        headers={"Authorization": f"Bearer {OPENAI_KEY}"},
+        qps=1,
+    )
+    processor = build_llm_processor(
+        config,
+        preprocess=lambda row: dict(
+            payload=dict(
+                model="qwen-0.5b" if row["item"] != "missing-model" else "missing-model",
+                messages=[
+                    {
+                        "role": "system",
+                        "content": "You are a bot that responds with haikus.",
+                    },
+                    {"role": "user", "content": row["item"]},
+                ],
+                temperature=0.0,
+                max_tokens=8,
+            ),
+        ),
+        postprocess=lambda row: dict(
+            response=row["http_response"]["choices"][0]["message"]["content"]
+        ),
+    )
+    rows = processor(ds).take_all()
+    assert len(rows) == 2
+    assert [r["response"] for r in rows if "response" in r][0]
+    failed = [r for r in rows if r.get("error")]
+    assert len(failed) == 1 and "404" in failed[0]["error"] and failed[0]["http_response"] is None

@@ -6,6 +6,8 @@ embedded smollm2-135m-instruct / all-minilm-l6-v2) and the sizes (max_tokens, ba
 Sources (ray-project/ray):
 - doc/source/data/doc_code/working-with-llms/minimal_quickstart.py @ 1658f595a39735cd0329f5a935dab465b82158a2
 - doc/source/data/doc_code/working-with-llms/basic_llm_example.py @ 240738c34f40b25a44858b43af652e748bea1735
+- doc/source/data/doc_code/working-with-llms/tokenization_aggregation_example.py @ 7cf44582c11b2516ad91162f618ba1f57f81ab06
+- doc/source/data/doc_code/working-with-llms/tokenization_disaggregation_example.py @ 4fcdee0bb418a4e633d93fa10e9d3820c12033dd
 - python/ray/data/llm.py (Ray 2.60.0 docstrings: build_processor's builder_kwargs and map_kwargs examples)
 - python/ray/serve/llm/__init__.py (Ray 2.60.0 docstrings: build_openai_app with LLMServingArgs)
 - doc/source/data/doc_code/working-with-llms/openai_api_example.py @ 240738c34f40b25a44858b43af652e748bea1735
@@ -20,7 +22,7 @@ import logging
 import pytest
 
 from fleetllm import TransformersEngineProcessorConfig as vLLMEngineProcessorConfig  # noqa: N813 - the import changed
-from fleetllm import build_llm_processor, build_processor
+from fleetllm import DetokenizeStageConfig, TokenizerStageConfig, build_llm_processor, build_processor
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 MODEL = "smollm2-135m-instruct"
@@ -33,6 +35,9 @@ SKIPPED = {
     "vlm_example.py, vlm_image_example.py, vlm_video_example.py, omni_audio_example.py":
         "images, video and audio in the batch processor (fleetllm's processor takes text)",
     "serve_deployment_example.py": "ServeDeploymentProcessorConfig (not claimed)",
+    "classification_example.py": "task_type='classify' on a sequence classification model (not claimed; refused)",
+    "custom_tokenizer_example.py": "all stages disabled, `tokenized_prompt` in and `generated_tokens` out of the "
+                                   "engine stage (fleetllm's engine stage takes messages/prompt and returns text)",
     "build_llm_deployment docstring": "queries the deployment handle with chat.remote(ChatCompletionRequest); "
                                       "fleetllm's replicas speak HTTP",
     "quick-start.md Multi-LoRA deployment": "lora_config with dynamic_lora_loading_path on S3 (no network here)",
@@ -119,6 +124,39 @@ def test_basic_llm_example_with_vllm_engine_kwargs_and_ray_fields(caplog):
     assert len(rows) == 2
     good = [r for r in rows if r["item"]]
     assert good[0]["answer"] and good[0]["__inference_error__"] is None and good[0]["error"] is None
+
+
+@pytest.mark.parametrize("stages, detokenize", [
+    (dict(tokenize_stage=TokenizerStageConfig(enabled=False), detokenize_stage=DetokenizeStageConfig(enabled=False)),
+     True),
+    (dict(tokenize_stage=True, detokenize_stage=True), False),
+], ids=["tokenization_aggregation_example", "tokenization_disaggregation_example"])
+def test_tokenization_examples(stages, detokenize):
+    import ray
+
+    config = vLLMEngineProcessorConfig(
+        model_source=MODEL,
+        engine_kwargs={"max_model_len": 2048},
+        concurrency=1,
+        batch_size=64,
+        **stages,
+    )
+    processor = build_processor(
+        config,
+        preprocess=lambda row: dict(
+            messages=[
+                {"role": "user", "content": row["item"]},
+            ],
+            sampling_params=dict(
+                temperature=0.3,
+                max_tokens=8,
+                detokenize=detokenize,
+            ),
+        ),
+        postprocess=lambda row: dict(resp=row["generated_text"]),
+    )
+    rows = processor(ray.data.from_items(["Hello world!"])).take_all()
+    assert rows[0]["resp"]
 
 
 def test_embedding_config_example(embedding_model):

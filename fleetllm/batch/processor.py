@@ -130,6 +130,8 @@ class Processor:
         if self.preprocess is not None:
             pre = self.preprocess
             ds = ds.map(lambda row: {**row, **pre(row)}, **self.preprocess_map_kwargs)
+        if self.config.task_type == "embed":
+            ds = ds.map(ray_names.with_embed_text)
         ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
         post, config = self.postprocess, self.config
 

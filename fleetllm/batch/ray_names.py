@@ -164,3 +164,13 @@ def ray_output(row: dict[str, Any], config: Any) -> dict[str, Any]:
     if config.should_continue_on_error:
         row[RAY_ERROR_COLUMN] = row.get("error")
     return row
+
+
+def with_embed_text(row: dict[str, Any]) -> dict[str, Any]:
+    """An embed row's text for the embed stage: its `text` or `prompt` column (Ray's embedding examples)."""
+    from fleetllm.batch.embed_stage import TEXT_COLUMNS
+
+    text = next((row[c] for c in TEXT_COLUMNS if isinstance(row.get(c), str)), None)
+    if text is None:
+        row["error"] = f"an embed row needs a {' or '.join(TEXT_COLUMNS)} column (text)"
+    return {"error": None, **row, "_embed_text": text or ""}

@@ -137,7 +137,9 @@ class Processor:
 
         def finish(row: Row) -> Row:
             row = ray_names.ray_output(_drop_internal(row), config)
-            return post(row) if post else row
+            if not post or (config.should_continue_on_error and row.get("error")):
+                return row  # Ray: error rows bypass postprocess
+            return post(row)
 
         return ds.map(finish, **self.postprocess_map_kwargs)
 

@@ -17,8 +17,6 @@ Sources (ray-project/ray):
 Examples needing what fleetllm does not claim are listed in SKIPPED with the reason (docs/ray-compat.md).
 """
 
-import logging
-
 import pytest
 
 from fleetllm import TransformersEngineProcessorConfig as vLLMEngineProcessorConfig  # noqa: N813 - the import changed
@@ -78,7 +76,7 @@ def test_minimal_quickstart():
     assert all(r["response"] for r in results)
 
 
-def test_basic_llm_example_with_vllm_engine_kwargs_and_ray_fields(caplog):
+def test_basic_llm_example_with_vllm_engine_kwargs_and_ray_fields():
     """basic_llm_example.py's first config (vLLM engine_kwargs) plus the Ray fields its other configs set
     (runtime_env, max_concurrent_batches, a (min, max) concurrency, the stage configs, should_continue_on_error,
     map kwargs) and sampling_params.detokenize."""
@@ -118,12 +116,14 @@ def test_basic_llm_example_with_vllm_engine_kwargs_and_ray_fields(caplog):
         postprocess_map_kwargs=dict(num_cpus=0.1),
     )
     processor.log_input_column_names()
-    ds = ray.data.from_items(["Start of the haiku is: Complete this for me...", ""])
-    with caplog.at_level(logging.WARNING, logger="fleetllm"):
-        rows = processor(ds).take_all()
+    too_long = "haiku " * 3000  # past max_model_len: this row fails, is kept, and bypasses postprocess
+    ds = ray.data.from_items(["Start of the haiku is: Complete this for me...", too_long])
+    rows = processor(ds).take_all()
     assert len(rows) == 2
-    good = [r for r in rows if r["item"]]
-    assert good[0]["answer"] and good[0]["__inference_error__"] is None and good[0]["error"] is None
+    good = [r for r in rows if r["item"] != too_long][0]
+    assert good["answer"] and good["__inference_error__"] is None and good["error"] is None
+    bad = [r for r in rows if r["item"] == too_long][0]
+    assert bad["error"] and bad["__inference_error__"] == bad["error"] and "answer" not in bad
 
 
 @pytest.mark.parametrize("stages, detokenize", [

@@ -75,3 +75,45 @@ def test_llm_config_takes_ray_serve_names():
     with pytest.raises(ValidationError, match="request_router_config"):
         LLMConfig(model_loading_config=dict(model_id="m"),
                   deployment_config={"request_router_config": {"request_router_class": "my.Router"}})
+
+
+def test_http_request_worker_retries_and_records_failures():
+    """HttpRequestProcessorConfig's worker against a real HTTP server: a 503 is retried, a 404 is recorded."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from fleetllm import HttpRequestProcessorConfig
+    from fleetllm.batch.http_processor import HttpCaller
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((body, self.headers["Authorization"]))
+            status = 503 if len(seen) == 1 else (404 if body.get("model") == "missing" else 200)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps({"echo": body}).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = HttpRequestProcessorConfig(url=f"http://127.0.0.1:{server.server_port}/v1/chat/completions",
+                                            headers={"Authorization": "Bearer k"}, max_retries=1,
+                                            base_retry_wait_time_in_s=0.01)
+        caller = HttpCaller(config.model_dump())
+        ok = caller({"payload": {"model": "m"}})
+        assert ok["http_response"] == {"echo": {"model": "m"}} and ok["error"] is None
+        failed = caller({"payload": {"model": "missing"}})
+        assert failed["http_response"] is None and "404" in failed["error"]
+        assert [s[1] for s in seen] == ["Bearer k"] * 3  # 503, retried 200, 404 (not retried)
+    finally:
+        server.shutdown()
+    with pytest.raises(ValidationError, match="session_factory"):
+        HttpRequestProcessorConfig(url="http://x", session_factory=object())

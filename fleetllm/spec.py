@@ -6,7 +6,6 @@ description; unknown fields are refused with their path.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,31 +81,22 @@ class PromptSpec(StrictModel):
     def _template_parses(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        from fleetllm.templates import TemplateError, fields
+
         try:
-            fields = template_fields(value)
-        except ValueError as exc:
-            raise ValueError(
-                f"prompt.template {value!r} is not a valid format string ({exc}); "
-                "write columns as {column} and literal braces as {{ and }}"
-            ) from None
+            fields(value)
+        except TemplateError as exc:
+            raise ValueError(str(exc)) from None
         if not value.strip():
             raise ValueError("prompt.template is empty; give a template such as '{instruction}'")
-        del fields
         return value
 
 
 def template_fields(template: str) -> list[str]:
-    """The column names a template refers to, in order, without duplicates."""
-    names: list[str] = []
-    for _, field_name, _, _ in string.Formatter().parse(template):
-        if field_name is None:
-            continue
-        root = field_name.split(".")[0].split("[")[0]
-        if not root or root.isdigit():
-            raise ValueError(f"positional field {{{field_name}}}; name a column instead")
-        if root not in names:
-            names.append(root)
-    return names
+    """The column names a template refers to, in order, without duplicates (fleetllm.templates)."""
+    from fleetllm.templates import column_names
+
+    return column_names(template)
 
 
 class StructuredOutputsSpec(StrictModel):

@@ -147,10 +147,11 @@ RECORD = "_fleetllm/columns.json"
 
 
 def input_key(files: list, declared: str, skip: Iterable[str]) -> str:
-    """What the plan depends on: each input file's name, size and modification time, and the format."""
+    """What the plan depends on: each input file's name and content identity (fleetllm.batch.content_id),
+    the format, and the rule renaming colliding columns (fleetllm.batch.input_names)."""
     import hashlib
 
-    ident = [[f.rel, f.size, f.mtime] for f in files] + [declared, sorted(skip)]
+    ident = [[f.rel, f.identity] for f in files] + [declared, sorted(skip), "renamed"]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
 
 

@@ -27,7 +27,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import io as input_files
+from fleetllm.batch import content_id, io as input_files
+from fleetllm.batch.input_names import kept_name, rename_table
 from fleetllm.batch.plan import Shard
 from fleetllm.errors import InputError
 
@@ -153,7 +154,7 @@ def describe(input_spec) -> list[DataFile]:
     for path, rel, fmt in resolve_files(input_spec.path, input_spec.split, input_spec.revision):
         fs, p = _fs(path)
         info = fs.info(p)
-        ident = f"{info.get('size') or 0}:{info.get('mtime') or info.get('last_commit') or ''}"
+        ident = content_id.file_identity(fs, p, info)  # the Hub's LFS sha256 / blob id, else the bytes' hash
         rows, offsets = _count(path, fmt)
         out.append(DataFile(path, rel, fmt, rows, ident, offsets))
     return out
@@ -209,7 +210,8 @@ def read_shard(shard: Shard) -> list[dict[str, Any]]:
             pos += n
             if pos >= shard.stop:
                 break
-    rows = input_files.table_rows_checked(pa.Table.from_batches(parts), shard.start, shard.rel) if parts else []
+    rows = (input_files.table_rows_checked(rename_table(pa.Table.from_batches(parts)), shard.start, shard.rel)
+            if parts else [])
     for k, row in enumerate(rows):
         row["_line"] = shard.start + k
     return rows
@@ -221,5 +223,7 @@ def peek(input_spec, n: int = 5) -> list[dict[str, Any]]:
 
 
 def keep_columns(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
-    """`input.columns`: the row's chosen columns and fleetllm's own (`_`-prefixed) ones."""
-    return {k: v for k, v in row.items() if k in columns or k.startswith("_")}
+    """`input.columns`: the row's chosen columns (under the name they are read as: fleetllm.batch.input_names)
+    and fleetllm's own (`_`-prefixed) ones."""
+    wanted = set(columns) | {kept_name(c) for c in columns}
+    return {k: v for k, v in row.items() if k in wanted or k.startswith("_")}

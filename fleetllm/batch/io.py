@@ -1,4 +1,6 @@
-"""Input discovery and reading (local or fsspec URLs), and atomic output writes.
+"""Input reading (local or fsspec URLs; discovery and compression in fleetllm.batch.discovery), and
+atomic output writes. Input columns named like fleetllm's own are renamed as they are read
+(fleetllm.batch.input_names).
 
 Line-based formats (jsonl, openai_batch) are read by byte offset, so reading shard k costs one
 shard's bytes; parquet reads only the row groups a shard spans; csv and json arrays are parsed
@@ -16,64 +18,52 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import store
+from fleetllm.batch import content_id, store
+from fleetllm.batch.discovery import EXTENSIONS, file_format, list_files, open_input  # noqa: F401 (the API)
+from fleetllm.batch.input_names import rename_row, rename_schema, rename_table
 from fleetllm.batch.plan import InputFile, Shard
 from fleetllm.errors import InputError
 from fleetllm.unicode_text import FIX, SURROGATE_ESCAPE, lone_surrogate, lone_surrogate_in_json
 
-EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-LINE_FORMATS = ("jsonl", "openai_batch")
+GROUPED_FORMAT = "grouped"  # fleetllm's own JSON lines (fleetllm.batch.prefix): read as written, never renamed
+LINE_FORMATS = ("jsonl", "openai_batch", GROUPED_FORMAT)
 PEEK_BUFFER = 1 << 16  # bytes read at a time when peeking into a parquet file
 
 
-def file_format(path: str, declared: str) -> str:
-    if declared != "auto":
-        return declared
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in EXTENSIONS:
-        raise InputError(
-            f"cannot tell the format of {path!r} from its extension; "
-            f"use one of {sorted(EXTENSIONS)} or set input.format"
-        )
-    return EXTENSIONS[ext]
-
-
-def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, list[tuple[str, str]]]:
-    """(filesystem, [(URL, name relative to the input root)]) in a stable order. The URLs keep their
-    protocol (s3://, gs://, ...): Ray tasks on other nodes open them again."""
-    fs, root = store.open_url(path)
-    if not fs.exists(root):
-        raise InputError(f"input path {path!r} does not exist; check input.path")
-    if fs.isdir(root):
-        found = sorted(p for p in fs.find(root) if not posixpath.basename(p).startswith((".", "_")))
-        wanted = [p for p in found if declared != "auto" or os.path.splitext(p)[1].lower() in EXTENSIONS]
-        if not wanted:
-            raise InputError(f"input folder {path!r} holds no {sorted(EXTENSIONS)} files")
-        return fs, [(store.to_url(fs, p), posixpath.relpath(p, root)) for p in wanted]
-    return fs, [(store.to_url(fs, root), posixpath.basename(root))]
-
-
-def _line_offsets(fs, path: str, shard_rows: int) -> tuple[int, tuple[int, ...]]:
-    """Count non-blank lines; note the byte offset where every shard_rows-th row starts."""
-    rows, pos, offsets = 0, 0, []
-    with fs.open(path, "rb") as fh:
+def _line_offsets(fs, path: str, shard_rows: int) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+    """Count non-blank lines; note the byte offset where every shard_rows-th row starts, and a hash of
+    each shard's bytes (fleetllm.batch.content_id; hashed a shard at a time, not a line at a time)."""
+    rows, pos, offsets, digests, shard = 0, 0, [], [], []
+    with open_input(fs, path) as fh:
         for line in fh:
             if line.strip():
                 if rows % shard_rows == 0:
                     offsets.append(pos)
+                    if rows:
+                        digests.append(content_id.digest(shard))
+                        shard = []
                 rows += 1
+            if rows:
+                shard.append(line)
             pos += len(line)
-    return rows, tuple(offsets)
+    if rows:
+        digests.append(content_id.digest(shard))
+    return rows, tuple(offsets), tuple(digests)
 
 
 def _read_whole(fs, path: str, fmt: str) -> pa.Table | list[dict[str, Any]]:
     """A csv file as a table (pyarrow types each column); a JSON array as its rows, where an item
     that is not an object is a row with `_input_error` (typed later, by the job's column plan)."""
-    with fs.open(path, "rb") as fh:
+    with open_input(fs, path) as fh:
         if fmt == "csv":
             import pyarrow.csv as pacsv
 
-            return utf8_columns(pacsv.read_csv(fh), posixpath.basename(path))
+            table = pacsv.read_csv(fh)
+            twice = sorted({n for n in table.column_names if table.column_names.count(n) > 1})
+            if twice:
+                raise InputError(f"{path}: the CSV header names column(s) {twice} more than once (one would hide the "
+                                 "other); give every column its own name")
+            return utf8_columns(rename_table(table), posixpath.basename(path))
         if fmt == "json":
             raw = fh.read()
             try:
@@ -97,7 +87,7 @@ def _json_item(k: int, item: Any, name: str, escapes: bool) -> dict[str, Any]:
     if bad_text:
         return {"_input_error": f"item {k} of {name} is not valid Unicode text: {bad_text}; {FIX}",
                 "_raw": json.dumps(item)[:2000]}
-    return item
+    return rename_row(item)
 
 
 def _whole_rows(fs, path: str, fmt: str, start: int, count: int) -> list[dict[str, Any]]:
@@ -112,25 +102,41 @@ def _whole_rows(fs, path: str, fmt: str, start: int, count: int) -> list[dict[st
 
 
 def describe_files(path: str, declared: str, shard_rows: int) -> list[InputFile]:
+    """Each input file's rows, shard offsets and content identity; InputError naming a file that cannot
+    be read (an empty or corrupt Parquet file, a broken compressed stream, a CSV without a header...)."""
     fs, entries = list_files(path, declared)
     files = []
     for url, rel in entries:
         fmt = file_format(url, declared)
-        p = fs._strip_protocol(url)
-        info = fs.info(p)
-        mtime = str(info.get("mtime") or info.get("LastModified") or info.get("updated") or "")
-        offsets: tuple[int, ...] = ()
-        if fmt in LINE_FORMATS:
-            rows, offsets = _line_offsets(fs, p, shard_rows)
-        elif fmt == "parquet":
+        try:
+            files.append(_describe(fs, url, rel, fmt, shard_rows))
+        except InputError:
+            raise
+        except Exception as exc:  # any reader's failure: the file is named, with the reader's reason
+            raise InputError(f"input file {rel!r} cannot be read as {fmt} ({type(exc).__name__}: {exc}); fix or "
+                             "remove it, or move it under a folder starting with _ or . (those are skipped)") from None
+    if not any(f.rows for f in files):
+        raise InputError(f"input {path!r} has no rows")
+    return files
+
+
+def _describe(fs, url: str, rel: str, fmt: str, shard_rows: int) -> InputFile:
+    p = fs._strip_protocol(url)
+    info = fs.info(p)
+    mtime = str(info.get("mtime") or info.get("LastModified") or info.get("updated") or "")
+    offsets: tuple[int, ...] = ()
+    digests: tuple[str, ...] = ()
+    if fmt in LINE_FORMATS:
+        rows, offsets, digests = _line_offsets(fs, p, shard_rows)
+        content = content_id.combined(digests, rows)
+    else:
+        if fmt == "parquet":
             with fs.open(p, "rb") as fh:
                 rows = pq.ParquetFile(fh).metadata.num_rows
         else:
             rows = len(_read_whole(fs, p, fmt))
-        files.append(InputFile(url, rel, int(info.get("size") or 0), mtime, rows, offsets))
-    if not any(f.rows for f in files):
-        raise InputError(f"input {path!r} has no rows")
-    return files
+        content = content_id.file_identity(fs, p, info)
+    return InputFile(url, rel, int(info.get("size") or 0), mtime, rows, offsets, content, digests)
 
 
 def plan_columns(files: list[InputFile], declared: str, skip: tuple[str, ...] = ()) -> pa.Schema:
@@ -144,7 +150,7 @@ def plan_columns(files: list[InputFile], declared: str, skip: tuple[str, ...] = 
         fmt = file_format(f.path, declared)
         if fmt == "parquet":
             with fs.open(f.path, "rb") as fh:
-                planner.add_schema(pq.ParquetFile(fh).schema_arrow)
+                planner.add_schema(rename_schema(pq.ParquetFile(fh).schema_arrow))
         elif fmt == "csv":
             schema = _read_whole(fs, f.path, fmt).schema
             if "_input_error" in schema.names:  # rows that are not UTF-8 text (utf8_columns)
@@ -155,7 +161,7 @@ def plan_columns(files: list[InputFile], declared: str, skip: tuple[str, ...] = 
             for k in range(0, len(rows), CHUNK):
                 planner.add_rows(rows[k:k + CHUNK])
         else:
-            with fs.open(f.path, "rb") as fh:
+            with open_input(fs, f.path) as fh:
                 chunk: list[bytes] = []
                 for line in fh:
                     if line.strip():
@@ -187,7 +193,7 @@ def _plan_lines(planner, lines: list[bytes]) -> None:
     rows = [row for row in rows if isinstance(row, dict)]
     if any(SURROGATE_ESCAPE.search(line) for line in lines):  # such a row is an error row: no columns
         rows = [row for row in rows if not lone_surrogate(row)]
-    planner.add_rows(rows)
+    planner.add_rows(list(map(rename_row, rows)))
 
 
 def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[dict[str, Any]]:
@@ -201,7 +207,8 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
     fmt = file_format(path, declared)
     rows: list[dict[str, Any]] = []
     if fmt in LINE_FORMATS:
-        with fs.open(path, "rb") as fh:
+        own = fmt == GROUPED_FORMAT
+        with open_input(fs, path) as fh:
             fh.seek(shard.offset)
             index, physical, before = shard.start, 0, None  # physical: lines since shard.offset, blank ones too
             for line in fh:
@@ -218,6 +225,8 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
                     bad_text = lone_surrogate_in_json(line, row)
                     if bad_text:
                         problem = f"is not valid Unicode text: {bad_text}; {FIX}"
+                    elif not own:
+                        row = rename_row(row)
                 except (ValueError, RecursionError) as exc:
                     problem = f"is not a JSON object: {exc}"
                 if problem is not None:
@@ -231,7 +240,7 @@ def read_shard(shard: Shard, declared: str, fs_url: str | None = None) -> list[d
     if fmt == "parquet":
         with fs.open(path, "rb") as fh:
             pf = pq.ParquetFile(fh)
-            table = _parquet_range(pf, shard.start, shard.stop)
+            table = rename_table(_parquet_range(pf, shard.start, shard.stop))
         table_rows = table_rows_checked(table, shard.start, shard.rel)
     else:
         table_rows = _whole_rows(fs, path, fmt, shard.start, shard.rows)
@@ -300,7 +309,7 @@ def utf8_columns(table: pa.Table, name: str) -> pa.Table:
 def _lines_before(fs, path: str, offset: int) -> int:
     """How many lines end before byte `offset` (only counted when a row is reported bad)."""
     count, left = 0, offset
-    with fs.open(path, "rb") as fh:
+    with open_input(fs, fs._strip_protocol(path)) as fh:
         while left > 0:
             block = fh.read(min(left, 1 << 20))
             if not block:
@@ -336,7 +345,7 @@ def peek_rows(path: str, declared: str, n: int = 5) -> list[dict[str, Any]]:
         with fs.open(p, "rb") as fh:
             pf = pq.ParquetFile(fh, buffer_size=PEEK_BUFFER, pre_buffer=False)
             batch = next(pf.iter_batches(batch_size=n), None)
-        rows = [] if batch is None else table_rows_checked(pa.Table.from_batches([batch]), 0, rel)
+        rows = [] if batch is None else table_rows_checked(rename_table(pa.Table.from_batches([batch])), 0, rel)
         return [r for r in rows if "_input_error" not in r]
     if fmt not in LINE_FORMATS:
         return [r for r in _whole_rows(fs, p, fmt, 0, n) if "_input_error" not in r]

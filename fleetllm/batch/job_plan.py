@@ -8,16 +8,18 @@ checks that refuse a job before any model loads (columns, sampling, task). Loads
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fleetllm import sizing
-from fleetllm.batch import hf_input, io as input_files
+from fleetllm.batch import content_id, hf_input, io as input_files
 from fleetllm.batch.columns import describe as describe_columns, input_key as columns_key
 from fleetllm.batch.columns import record as record_columns, recorded as recorded_columns
 from fleetllm.batch.commit import ManifestEntry, OutputFolder
 from fleetllm.batch.engine_pool import EnginePool
 from fleetllm.batch.fingerprint import fingerprint, fingerprint_parts
+from fleetllm.batch.input_checks import check_ids, check_template_renders
+from fleetllm.batch.input_names import kept_name, renamed_hint
 from fleetllm.batch.plan import Shard, plan_shards
 from fleetllm.batch.stages import WRITTEN_COLUMNS
 from fleetllm.batch.tokenize_stage import tokenizes_ahead
@@ -46,6 +48,7 @@ class JobPlan:
     embedding_dims: int | None = None  # vector size of an embed job's model, when its folder says it
     columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
     grouping: Any = None  # fleetllm.batch.prefix.Decision: rows grouped by prompt prefix, or not
+    changed_files: list[str] = field(default_factory=list)  # input files whose content differs from the last run's
 
     @property
     def grouped(self) -> bool:
@@ -59,7 +62,7 @@ class JobPlan:
     @property
     def read_format(self) -> str:
         """The format the shards are read as: grouped shards are JSON lines (fleetllm.batch.prefix)."""
-        return "jsonl" if self.grouped else self.spec.input.format
+        return input_files.GROUPED_FORMAT if self.grouped else self.spec.input.format
 
     @property
     def replicas(self) -> int:
@@ -107,21 +110,24 @@ class JobPlan:
             *(["           rows of one prefix bucket on one replica (one lane per replica)"]
               if self.lanes_by_prefix else []),
             f"resume     {len(self.committed)} shard(s) already committed, {len(self.pending)} to compute",
+            *([f"changed    input file(s) whose content changed since the last run: {', '.join(self.changed_files)} "
+               "(their changed shards are computed again)"] if self.changed_files else []),
             f"output     {s.output.path} ({s.output.format})",
             *([f"sampling   {s.sampling.as_params()}"] if self.task == "generate" else []),
             f"environment {s.environment.describe()}",
         ]
 
 
-def check_columns(spec: JobSpec) -> None:
-    """Fail at plan time when the rows lack what the prompt needs; name what is there."""
+def check_columns(spec: JobSpec) -> list[dict[str, Any]]:
+    """Fail at plan time when the rows lack what the prompt needs; name what is there. Returns the first
+    rows it looked at."""
     if spec.input.format == "openai_batch":
-        return
+        return []
     rows = hf_input.peek(spec.input) if hf_input.is_hf(spec.input) else input_files.peek_rows(spec.input.path, spec.input.format)
     if spec.input.columns:
         rows = [hf_input.keep_columns(r, spec.input.columns) for r in rows]
     if not rows:
-        return
+        return rows
     present = sorted({k for r in rows for k in r if not k.startswith("_")})
     if spec.task == "embed" and not spec.prompt.template and not {"text", "prompt"} & set(present):
         raise InputError(
@@ -133,13 +139,15 @@ def check_columns(spec: JobSpec) -> None:
         if missing:
             raise InputError(
                 f"prompt.template {spec.prompt.template!r} uses column(s) {missing} that the input rows "
-                f"lack; columns present: {present}")
+                f"lack; columns present: {present}{''.join(renamed_hint(c) for c in missing if kept_name(c) in present)}")
     elif spec.task != "embed" and "messages" not in present and "prompt" not in present:
         raise InputError(
             f"the input rows have no `messages` or `prompt` column and the job has no prompt.template; "
             f"columns present: {present}. Add prompt.template, e.g. '{{{present[0] if present else 'text'}}}'")
     if spec.input.id_column and spec.input.id_column not in present:
-        raise InputError(f"input.id_column {spec.input.id_column!r} is not a column; columns present: {present}")
+        raise InputError(f"input.id_column {spec.input.id_column!r} is not a column; columns present: {present}"
+                         f"{renamed_hint(spec.input.id_column) if kept_name(spec.input.id_column) in present else ''}")
+    return rows
 
 
 def local_resources() -> dict[str, float]:
@@ -171,7 +179,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     else:
         files = input_files.describe_files(spec.input.path, spec.input.format, spec.output.shard_rows)
         shards = plan_shards(files, spec.output.shard_rows, spec.input.limit)
-    check_columns(spec)
+    peeked = check_columns(spec)
     task, embedding_dims = job_task(spec, model, engine)
     columns, planned_now, key = None, False, None
     if not hf_input.is_hf(spec.input):  # a dataset's Arrow/parquet files are typed already
@@ -180,6 +188,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         planned_now = columns is None
         if planned_now:
             columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
+        check_ids(spec, files)
+    check_template_renders(spec, columns, peeked)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
@@ -198,6 +208,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         parts["input_columns"] = describe_columns(columns)  # other types would make the folder unreadable
     fp = fingerprint(parts)
     out = OutputFolder(spec.output.path, spec.output.format)
+    identities = {} if hf_input.is_hf(spec.input) else {f.rel: f.identity for f in files}
+    changed = content_id.changed_files(content_id.recorded(spec.output.path), identities)
     if dry_run:
         existing = out.read_job()
         same = existing is not None and existing.get("fingerprint") == fp
@@ -206,6 +218,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         out.prepare(fp, parts, overwrite)
         if planned_now:
             record_columns(spec.output.path, key, columns)
+        if identities:
+            content_id.record(spec.output.path, identities)
         if grouping.on:
             shards = grouped_shards(spec, shards, grouping, prompt_parts)
         pending, committed = out.pending(shards, fp)
@@ -213,7 +227,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     rows_per_call = sizing.rows_per_call(engine, spec.compute, spec.output.shard_rows)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
-                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping)
+                   replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping,
+                   changed)
 
 
 def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard], columns: Any = None):

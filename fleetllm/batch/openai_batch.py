@@ -28,13 +28,13 @@ EMBEDDINGS_BODY_KEYS = ("model", "input", "encoding_format", "dimensions", "user
 def file_task(path: str, declared: str = "openai_batch") -> str:
     """"embed" when the input's lines have url /v1/embeddings, else "generate"; InputError for a file
     (or folder) mixing embeddings lines with chat/completions lines, naming where each kind is."""
-    from fleetllm.batch.io import list_files
+    from fleetllm.batch.discovery import list_files, open_input
     from fleetllm.errors import InputError
 
     first: dict[str, str] = {}
     fs, entries = list_files(path, declared)
     for p, rel in entries:
-        with fs.open(p, "rb") as fh:
+        with open_input(fs, fs._strip_protocol(p)) as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

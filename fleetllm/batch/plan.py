@@ -20,6 +20,15 @@ class InputFile:
     rows: int
     # byte offset where row k * shard_rows starts (line-based formats), else empty
     offsets: tuple[int, ...] = field(default=(), compare=False)
+    # what the file holds (fleetllm.batch.content_id): the store's content identity or a hash of its bytes
+    content: str = ""
+    # line-based formats: a hash of the bytes of rows k * shard_rows .. (k + 1) * shard_rows - 1, per shard
+    digests: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def identity(self) -> str:
+        """What the file holds: its content identity (size and mtime only where none was taken)."""
+        return self.content or f"{self.size}:{self.mtime}"
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,7 @@ class Shard:
     start: int  # first row, 0-based within the file
     stop: int  # one past the last row
     offset: int  # byte offset of row `start` for line-based formats, else -1
-    file_identity: str  # size and mtime of the file: changes when the file changes
+    file_identity: str  # what the shard reads: a hash of its rows' bytes, or its file's content identity
 
     @property
     def rows(self) -> int:
@@ -46,17 +55,19 @@ class Shard:
 
 
 def plan_shards(files: list[InputFile], shard_rows: int, limit: int | None = None) -> list[Shard]:
-    """Split files, in order, into shards of at most `shard_rows` rows (never across files)."""
+    """Split files, in order, into shards of at most `shard_rows` rows (never across files). A shard of a
+    line-based file is identified by its own rows' bytes (appending rows changes only the last shard),
+    any other by its file's content."""
     if shard_rows < 1:
         raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
     shards: list[Shard] = []
     remaining = limit if limit is not None else None
     for f in files:
         rows = f.rows if remaining is None else min(f.rows, remaining)
-        ident = f"{f.size}:{f.mtime}"
         for k, start in enumerate(range(0, rows, shard_rows)):
             stop = min(start + shard_rows, rows)
             offset = f.offsets[k] if k < len(f.offsets) else -1
+            ident = f"rows:{f.digests[k]}" if k < len(f.digests) else f.identity
             shards.append(Shard(len(shards), f.path, f.rel, start, stop, offset, ident))
         if remaining is not None:
             remaining -= rows

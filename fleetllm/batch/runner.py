@@ -146,6 +146,9 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     planned_at = time.time()
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
                   f"{plan.in_flight} batch(es) in flight each")
+    if plan.changed_files:
+        console.print(f"input changed since the last run: {', '.join(plan.changed_files)}; "
+                      "the shards whose rows changed are computed again")
     out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
     preprocessor = make_preprocessor(spec, plan.task, plan.engine)
@@ -191,6 +194,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
     report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
+    report["changed_files"] = plan.changed_files  # input files whose content differs from the last run's
     report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.local_run)
     if ready_at:
         report["engine_ready_after_start_s"] = round(ready_at[0] - t0, 3)  # command start -> engine ready

@@ -94,3 +94,27 @@ def test_run_with_an_unwritable_output_is_a_clear_error_before_ray(tmp_path, tin
     rows = read_rows(tmp_path / "out")
     assert {k: (r["id"], r["instruction"], r["error"]) for k, r in rows.items()} == {
         "m0": ("m0", "Hi", None), "1": ("1", "7", None)}
+
+
+def test_inputs_fleetllm_cannot_use_are_refused_before_the_run_naming_the_fix(tmp_path):
+    """`fleetllm run --dry-run` (no model, no endpoint): each bad input is one line naming it, exit 2."""
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps({"id": i % 2, "instruction": "q"}) + "\n" for i in range(3)))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "empty.parquet").write_bytes(b"")
+    (tmp_path / "dup.csv").write_text("instruction,a,a\nq,1,2\n")
+    cases = [({"path": str(tmp_path / "ids.jsonl"), "id_column": "id"}, "{instruction}",
+              "input.id_column 'id' is not unique: '0' (2 rows)"),
+             ({"path": str(tmp_path / "folder")}, "{instruction}",
+              "input file 'empty.parquet' cannot be read as parquet"),
+             ({"path": str(tmp_path / "dup.csv")}, "{instruction}", "names column(s) ['a'] more than once"),
+             ({"path": str(tmp_path / "ids.jsonl")}, "{instruction:d}", "cannot render column 'instruction'"),
+             ({"path": str(tmp_path / "ids.jsonl")}, "{instruction.__class__}", "uses attribute access")]
+    for k, (source, template, message) in enumerate(cases):
+        spec = {"name": "bad", "model": {"source": MODEL, "engine": "openai",
+                                         "engine_kwargs": {"base_url": "http://127.0.0.1:9/v1"}},
+                "input": source, "prompt": {"template": template}, "output": {"path": str(tmp_path / f"out{k}")}}
+        job = tmp_path / f"job{k}.yaml"
+        job.write_text(yaml.safe_dump(spec))
+        proc = fleetllm("run", str(job), "--dry-run", timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, (k, proc.returncode, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr

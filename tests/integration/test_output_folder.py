@@ -50,7 +50,7 @@ def completed(ray_local, tiny_model, tmp_path_factory) -> Path:
 
 
 def copy_completed(completed: Path, tmp_path: Path) -> None:
-    # copy2 keeps in.jsonl's mtime (with its size, part of each shard's identity), so the copy resumes as the original
+    # in.jsonl's content is each shard's identity, so the copy resumes as the original
     shutil.copytree(completed, tmp_path, dirs_exist_ok=True)
 
 

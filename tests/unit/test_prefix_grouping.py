@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from fleetllm.batch import prefix
-from fleetllm.batch.io import describe_files
+from fleetllm.batch.io import GROUPED_FORMAT, describe_files
 from fleetllm.batch.plan import plan_shards
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.shard_rows import read_shard_rows
@@ -34,7 +34,7 @@ def write_jsonl(path, rows) -> None:
 
 
 def grouped(tmp_path, rows, shard_rows: int, mode: str = "on", out: str = "out"):
-    if not (tmp_path / "in.jsonl").exists():  # written once: its mtime is part of the input's identity
+    if not (tmp_path / "in.jsonl").exists():  # written once: the grouped files are reused
         write_jsonl(tmp_path / "in.jsonl", rows)
     files = describe_files(str(tmp_path / "in.jsonl"), "jsonl", shard_rows)
     shards = plan_shards(files, shard_rows)
@@ -48,7 +48,7 @@ def grouped(tmp_path, rows, shard_rows: int, mode: str = "on", out: str = "out")
     gid = prefix.grouping_id(shards, shard_rows, decision, {"template": TEMPLATE})
     gfiles = prefix.group_input(shards, read, pre, decision, shard_rows, str(tmp_path / out), gid)
     gshards = plan_shards(gfiles, shard_rows)
-    by_shard = {s.shard_id: [pre(r) for r in read_shard_rows(s.to_dict(), "jsonl")] for s in gshards}
+    by_shard = {s.shard_id: [pre(r) for r in read_shard_rows(s.to_dict(), GROUPED_FORMAT)] for s in gshards}
     return decision, gshards, by_shard
 
 

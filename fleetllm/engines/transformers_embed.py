@@ -17,7 +17,7 @@ from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult, Engine, Gen
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
 from fleetllm.errors import EngineError, RowError
 
-KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code")
+KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "max_model_len")
 
 
 class TransformersEmbedEngine(Engine):
@@ -52,6 +52,8 @@ class TransformersEmbedEngine(Engine):
                 raise EngineError(f"engine_kwargs.dtype {kw['dtype']!r} is not a torch dtype; use float32 or bfloat16")
             self.model.to(dtype)
         self.model.eval()
+        if kw.get("max_model_len"):  # vLLM's name: inputs are cut to it (sentence-transformers' max_seq_length)
+            self.model.max_seq_length = min(int(kw["max_model_len"]), self.model.max_seq_length or 1 << 30)
         self.tokenizer = self.model.tokenizer
         info = read_model_info(self.model_path)
         get_dims = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension

@@ -18,7 +18,7 @@ class ShardAssembler:
     """Collect rows by shard; hand back a shard's table once all its rows have arrived."""
 
     def __init__(self, shards: list[Shard]) -> None:
-        self.expected = {s.shard_id: s.rows for s in shards}
+        self.expected = {s.shard_id: s.rows_to_compute for s in shards}
         self.parts: dict[int, list] = {}
         self.seen: dict[int, set] = {}
 
@@ -47,6 +47,15 @@ class ShardAssembler:
 
 
 def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) -> ManifestEntry:
+    """Write a complete shard's data, then its commit object (a shard reopened by --retry-errors:
+    fleetllm.batch.retry_errors.commit_retried)."""
+    entry, data = shard_output(out, plan, shard, table)
+    out.commit(entry, lambda fh: writer.write(fh, data))
+    return entry
+
+
+def shard_output(out: OutputFolder, plan: JobPlan, shard: Shard, table) -> tuple[ManifestEntry, Any]:
+    """The commit entry and the data table (internal columns dropped, types fixed) of a shard's rows."""
     import pyarrow.compute as pc
 
     errors = table.num_rows - table.column("error").null_count
@@ -70,8 +79,7 @@ def commit_shard(out: OutputFolder, plan: JobPlan, shard: Shard, table, writer) 
         from fleetllm.batch.embed_stage import fixed_size_embedding
 
         data = fixed_size_embedding(data, plan.embedding_dims)
-    out.commit(entry, lambda fh: writer.write(fh, data))
-    return entry
+    return entry, data
 
 
 def cached_tokens(table) -> int | None:

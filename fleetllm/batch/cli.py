@@ -23,6 +23,10 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show Ray's and the engine's log lines on the terminal (always kept in OUT/_fleetllm/logs/)")
+    p.add_argument("--retry-errors", nargs="?", const="all", choices=("all", "retryable"), default=None,
+                   help="recompute only the rows of the existing output whose `error` is set (`retryable`: only "
+                   "429/5xx/timeouts whose retries ran out, answers past max_response_mb, failed engine calls); "
+                   "each rewritten shard replaces the old one atomically, every row still appears once")
     p.add_argument("--max-error-rate", type=cli_values.share, default=0.0,
                    help="the run fails (exit 1) when more than this share of rows failed (default 0)")
 
@@ -54,7 +58,8 @@ def execute_job(spec, args) -> int:
     try:
         with captured_output(spec.output.path, verbose=getattr(args, "verbose", False)) as (_, err, log_path):
             console = Console(file=err)
-            report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console)
+            report = run_job(spec, overwrite=args.overwrite, max_error_rate=args.max_error_rate, console=console,
+                             retry_errors=getattr(args, "retry_errors", None))
     finally:  # one unwrapped line: a long path must stay whole for copy-paste (and for grep)
         if log_path and log_path[0]:
             print(f"logs: {log_path[0]}", file=sys.stderr, flush=True)

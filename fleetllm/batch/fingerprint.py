@@ -23,7 +23,7 @@ NON_OUTPUT_KWARGS = frozenset({
     "cpu_offload_gb", "block_size", "concurrency", "timeout_s", "max_retries", "api_key",
     # engine openai: how fast and how often it asks, not what. The endpoint's address is not the model
     # (the served id, model.source, is): a job resumes against its endpoint restarted on another port/host.
-    "api_key_env", "aimd", "retry", "base_url",
+    "api_key_env", "aimd", "retry", "base_url", "max_response_mb",
 })
 
 ENGINE_PACKAGES = {"transformers": "transformers", "vllm": "vllm", "openai": "openai"}

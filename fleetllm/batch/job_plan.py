@@ -49,6 +49,7 @@ class JobPlan:
     columns: Any = None  # pyarrow.Schema: the input columns' planned types (fleetllm.batch.columns)
     grouping: Any = None  # fleetllm.batch.prefix.Decision: rows grouped by prompt prefix, or not
     changed_files: list[str] = field(default_factory=list)  # input files whose content differs from the last run's
+    kept_rows: int = 0  # --retry-errors: rows of reopened shards that stay as committed
 
     @property
     def grouped(self) -> bool:
@@ -78,7 +79,7 @@ class JobPlan:
 
     @property
     def skipped_rows(self) -> int:
-        return sum(self.committed[s].rows for s in self.committed)
+        return sum(self.committed[s].rows for s in self.committed) + self.kept_rows
 
     @property
     def prompt_stage(self) -> str:
@@ -317,7 +318,7 @@ def check_sampling_spec(spec: JobSpec, engine: str) -> None:
 def engine_pool(plan: JobPlan) -> EnginePool:
     """The replicas that run the plan's pending shards (fleetllm.batch.engine_pool)."""
     spec = plan.spec
-    pending_rows = sum(s.rows for s in plan.pending)
+    pending_rows = sum(s.rows_to_compute for s in plan.pending)
     rows_in_flight = min(plan.in_flight * plan.rows_per_call, -(-pending_rows // max(1, plan.replicas)))
     return EnginePool(engine=plan.engine, model_path=plan.model.path, engine_kwargs=plan.engine_kwargs,
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,

@@ -40,10 +40,17 @@ class Shard:
     stop: int  # one past the last row
     offset: int  # byte offset of row `start` for line-based formats, else -1
     file_identity: str  # what the shard reads: a hash of its rows' bytes, or its file's content identity
+    # --retry-errors (fleetllm.batch.retry_errors): the only lines of a committed shard to compute again
+    only_lines: tuple[int, ...] | None = field(default=None, compare=False)
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
+
+    @property
+    def rows_to_compute(self) -> int:
+        """The rows a run computes: all of them, or a reopened shard's failed rows (only_lines)."""
+        return self.rows if self.only_lines is None else len(self.only_lines)
 
     def identity(self) -> str:
         """What the shard reads: changes when its file or its row range changes."""

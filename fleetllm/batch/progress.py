@@ -26,6 +26,8 @@ class JobProgress:
         self.start = time.monotonic()
         self.interval_s = interval_s
         self._last_line = self.start
+        self.wait_note: str | None = None  # what the engine waits for (a Retry-After...), until rows come
+        self._last_note = float("-inf")
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
         self._progress = None
@@ -45,12 +47,24 @@ class JobProgress:
         return (f"{self.done / elapsed:.1f} rows/s  {self.output_tokens / elapsed:.0f} tok/s"
                 + (f"  prefix cache {self.cached_tokens / self.prompt_tokens:.0%}"
                    if self.cached_tokens is not None and self.prompt_tokens else "")
-                + (f"  {self.errors} errors" if self.errors else ""))
+                + (f"  {self.errors} errors" if self.errors else "")
+                + (f"  ({self.wait_note})" if self.wait_note else ""))
+
+    def waiting(self, note: str) -> None:
+        """The engine waits (a backoff, a server's Retry-After): say what for on the progress line (on a
+        plain stream: at once, then at most once per interval), until the next rows arrive."""
+        self.wait_note = note
+        if self._progress is not None:
+            self._progress.update(self._task, rate=self._rates())
+        elif time.monotonic() - self._last_note >= self.interval_s:
+            self._last_note = time.monotonic()
+            self.console.print(self.line())
 
     def advance(self, rows: int, output_tokens: int, errors: int = 0, prompt_tokens: int = 0,
                 cached_tokens: int | None = None) -> None:
         """`cached_tokens`: of the `prompt_tokens`, those the engine found in its prefix cache (None: not said)."""
         self.done += rows
+        self.wait_note = None
         self.output_tokens += output_tokens
         self.errors += errors
         if cached_tokens is not None:

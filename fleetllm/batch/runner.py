@@ -28,6 +28,7 @@ from fleetllm.batch.job_plan import plan_job
 from fleetllm.batch.job_report import make_report
 from fleetllm.batch.plan import Shard
 from fleetllm.batch.progress import JobProgress
+from fleetllm.batch.retry_errors import commit_retried, reopen_errors
 from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.stream import init_ray, run_on_ray, wait_for_cluster
@@ -37,8 +38,14 @@ from fleetllm.spec import JobSpec
 
 
 def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
-            max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
-    """Run a job; a real run holds the output folder's lock throughout (a second run refuses)."""
+            max_error_rate: float | None = None, console: Console | None = None,
+            retry_errors: str | None = None) -> dict[str, Any]:
+    """Run a job; a real run holds the output folder's lock throughout (a second run refuses).
+    `retry_errors` ("all" or "retryable"): also recompute the committed rows whose `error` is set
+    (fleetllm.batch.retry_errors)."""
+    if retry_errors is not None and overwrite:
+        raise PlanError("--retry-errors recomputes the failed rows of the existing output and --overwrite "
+                        "recomputes every row: give one of them")
     if dry_run:
         return _run_job(spec, overwrite=overwrite, dry_run=True, max_error_rate=max_error_rate, console=console)
     swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.owner)
@@ -49,7 +56,7 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
             return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
-                            console=console)
+                            console=console, retry_errors=retry_errors)
     except OSError as exc:
         remove_if_empty(created)
         full = disk_full(exc, spec.output.path)
@@ -117,7 +124,8 @@ def timeline(**stamps: float | None) -> dict[str, float]:
 
 
 def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
-             max_error_rate: float | None = None, console: Console | None = None) -> dict[str, Any]:
+             max_error_rate: float | None = None, console: Console | None = None,
+             retry_errors: str | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t0 = time.time()
     if dry_run:  # sized for the cluster when one is named, else for this machine
@@ -143,13 +151,16 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         init_ray(spec.cluster.address, compute.cpus_per_replica * replicas, runtime_env=spec.environment.runtime_env())
         wait_for_cluster(spec, console)
         plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+    out = OutputFolder(spec.output.path, spec.output.format)
+    if retry_errors is not None:
+        rows = reopen_errors(plan, out, retry_errors)
+        console.print(f"--retry-errors {retry_errors}: {rows} failed row(s) of the output are computed again")
     planned_at = time.time()
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
                   f"{plan.in_flight} batch(es) in flight each")
     if plan.changed_files:
         console.print(f"input changed since the last run: {', '.join(plan.changed_files)}; "
                       "the shards whose rows changed are computed again")
-    out = OutputFolder(spec.output.path, spec.output.format)
     out.remove_report()
     preprocessor = make_preprocessor(spec, plan.task, plan.engine)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
@@ -166,13 +177,18 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         nonlocal last_commit
         series.batch(table)
         commit_started = time.time()
-        entry = commit_shard(out, plan, shard, table, writer)
+        entry = (commit_shard if shard.only_lines is None else commit_retried)(out, plan, shard, table, writer)
         series.commit(entry, commit_started)
         for k in totals:
             totals[k] += getattr(entry, k)
         progress.advance(entry.rows, entry.output_tokens, entry.errors, entry.input_tokens, entry.cached_tokens)
         last_commit = time.time()
 
+    listen = progress.waiting if plan.engine == "openai" else None  # an engine in this process says its waits
+    if listen is not None:
+        from fleetllm.engines.openai.client import wait_listeners
+
+        wait_listeners.append(listen)
     try:
         if plan.pending:  # one local replica: no Ray (fleetllm.batch.local_run); else the Ray Data stream
             run_shards = local_run.run_shards if in_process else run_on_ray
@@ -189,6 +205,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         raise EndpointError(f"{cause}. The job stopped: {done} of {len(plan.shards)} shard(s) are committed; "
                             "the rows of the others were not, and the next run computes them") from None
     finally:
+        if listen is not None:
+            wait_listeners.remove(listen)
         progress.close()
     wall = time.time() - t0
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)

@@ -17,6 +17,9 @@ def read_shard_rows(item: dict[str, Any], declared: str, columns=None,
     input.columns (the chosen columns only)."""
     shard = Shard(**{k: item[k] for k in Shard.__dataclass_fields__})
     rows = hf_input.read_shard(shard) if declared == "hf" else input_files.read_shard(shard, declared, shard.path)
+    if shard.only_lines is not None:  # --retry-errors: only the failed rows (fleetllm.batch.retry_errors)
+        wanted = set(shard.only_lines)
+        rows = [row for row in rows if row["_line"] in wanted]
     if keep:
         rows = [hf_input.keep_columns(row, keep) for row in rows]
     for row in rows:

@@ -243,16 +243,18 @@ def check_sampling(sampling: dict[str, Any] | None, engine: str | None) -> dict[
     """Validate a sampling dict (unset values dropped): types and ranges, and, for an `engine`, that it
     honours every field. Returns the normalised dict; raises FieldError naming the field."""
     out: dict[str, Any] = {}
+    refused = [name for name, value in (sampling or {}).items() if value is not None and (
+        ALIASES.get(name, name) not in FIELDS or engine is not None and engine not in FIELDS[ALIASES.get(
+            name, name)].honoured)]
+    if refused:  # every refused field named, not only the first
+        raise FieldError("; ".join(refusal(ALIASES.get(n, n) if ALIASES.get(n, n) in FIELDS else n, engine or "any")
+                                   for n in refused), param=refused[0])
     for name, value in (sampling or {}).items():
         if hasattr(value, "tolist"):  # numpy values (Arrow hands rows over that way)
             value = value.tolist()
         if value is None:
             continue
         canon = ALIASES.get(name, name)
-        if canon not in FIELDS:
-            raise FieldError(refusal(name, engine or "any"), param=name)
-        if engine is not None and engine not in FIELDS[canon].honoured:
-            raise FieldError(refusal(canon, engine), param=name)
         value = check_value(canon, value) if canon == name or canon != "logprobs" else value
         if (name == "top_k" and value <= 0) or name == "detokenize":
             continue  # top_k off; detokenize: the text is always returned
@@ -274,16 +276,24 @@ def check_model_limits(sampling: dict[str, Any], vocab_size: int | None) -> None
         return
     for token in sampling.get("logit_bias") or {}:
         if int(token) >= vocab_size:
-            raise FieldError(f"`logit_bias` token id {token} is outside the model's vocabulary (ids 0 to "
-                             f"{vocab_size - 1})", param="logit_bias")
+            raise FieldError(f"`logit_bias` token id {token} is outside the model's vocabulary of {vocab_size} "
+                             f"tokens (ids 0 to {vocab_size - 1})", param="logit_bias")
     for name in ("stop_token_ids", "allowed_token_ids"):
         bad = [t for t in sampling.get(name) or [] if int(t) >= vocab_size]
         if bad:
-            raise FieldError(f"`{name}` token id(s) {bad} are outside the model's vocabulary (ids 0 to "
-                             f"{vocab_size - 1})", param=name)
+            raise FieldError(f"`{name}` token id(s) {bad} are outside the model's vocabulary of {vocab_size} "
+                             f"tokens (ids 0 to {vocab_size - 1})", param=name)
     if sampling.get("top_k", 0) > vocab_size:
         raise FieldError(f"`top_k` {sampling['top_k']} is larger than the model's vocabulary ({vocab_size})",
                          param="top_k")
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int | None) -> None:
+    """A token-id prompt's ids within the model's vocabulary (vLLM's check, with the size)."""
+    bad = [t for t in ids if vocab_size is not None and not 0 <= t < vocab_size]
+    if bad:
+        raise FieldError(f"`prompt` token id(s) {bad[:8]} are out of vocabulary: the model's vocabulary has "
+                         f"{vocab_size} tokens (ids 0 to {vocab_size - 1})", param="prompt")
 
 
 def output_budget(sampling: dict[str, Any], prompt_tokens: int, context: int,

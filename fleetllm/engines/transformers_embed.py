@@ -99,7 +99,8 @@ class TransformersEmbedEngine(Engine):
         vocab = len(self.tokenizer)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise RowError(f"token ids {bad[:5]} are outside the model's vocabulary (0..{vocab - 1})")
+            raise RowError(f"token ids {bad[:5]} are out of vocabulary: the model's vocabulary has {vocab} tokens "
+                           f"(ids 0 to {vocab - 1})")
         return ids
 
     def embed(self, requests: list[EmbeddingRequest]) -> list[EmbeddingResult]:

@@ -144,6 +144,8 @@ class TransformersEngine(Engine):
     # --- batch generation -------------------------------------------------------------------
 
     def tokenize(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:  # a token-id prompt (serve /v1/completions), used as it is
+            return [int(t) for t in request.prompt_token_ids]
         text = render_prompt(self.tokenizer, request, self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=request.messages is None)["input_ids"]
 
@@ -151,7 +153,8 @@ class TransformersEngine(Engine):
         """(prompt ids, checked sampling with max_tokens) for a request; RowError when it cannot be served
         (a refused or out-of-range field, a bad message, a prompt or max_tokens past the context)."""
         sampling = self.check_sampling(request.sampling)
-        check_prompt_chars(request, self._max_model_len, self.chars_per_token)
+        if request.prompt_token_ids is None:
+            check_prompt_chars(request, self._max_model_len, self.chars_per_token)
         try:
             ids = self.tokenize(request)
         except RowError:

@@ -319,8 +319,10 @@ class StreamBatcher:
         if req.cancelled.is_set():
             row.done = True
             return
-        if token in eos_ids:
-            self._finish(row, "stop")
+        if token in eos_ids:  # the stop token counts as generated (vLLM's completion_tokens do)
+            req.generated += 1
+            self.stats.generated_tokens += 1
+            self._finish(row, "stop", extra_tokens=1)
             return
         row.tokens.append(token)
         req.generated += 1
@@ -360,7 +362,7 @@ class StreamBatcher:
         for loop, items in by_loop.items():
             loop.call_soon_threadsafe(_deliver, items)
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def _finish(self, row: _Row, reason: str, extra_tokens: int = 0) -> None:
         row.done = True
         text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
         for s in row.req.sampling.get("stop") or []:
@@ -368,7 +370,8 @@ class StreamBatcher:
             if cut >= 0:
                 text = text[:cut]
         self._outbox.append((row.req, StreamDelta(
-            index=row.index, text=text[len(row.sent):], num_generated_tokens=len(row.tokens), finish_reason=reason,
+            index=row.index, text=text[len(row.sent):], num_generated_tokens=len(row.tokens) + extra_tokens,
+            finish_reason=reason,
             num_input_tokens=len(row.req.ids))))
         row.sent = text
 

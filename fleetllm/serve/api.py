@@ -227,16 +227,23 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         rid = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
         acc = Accumulator(req.n)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # vLLM's continuous_usage_stats: the usage so far on every chunk (with include_usage)
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
         try:
             if endpoint == "chat":
-                start = [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
-                         for i in range(req.n)]
-                yield _event(ChatCompletionChunk(id=rid, model=model, choices=start))
+                prompt = max((d.get("num_input_tokens") or 0 for d in first), default=0)
+                for i in range(req.n):  # the role first, one chunk per choice (as vLLM streams)
+                    start = [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
+                    yield _event(ChatCompletionChunk(id=rid, model=model, choices=start,
+                                                     usage=Usage.of(prompt, 0) if continuous else None))
             items = first
             while True:
                 raise_item_error(items)
                 acc.add(items)
-                yield _event(acc.chunk(rid, endpoint, model, items, req))
+                for chunk in acc.chunks(rid, endpoint, model, items):  # one per choice, as vLLM streams
+                    if continuous:
+                        chunk.usage = Usage.of(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
+                    yield _event(chunk)
                 items = await stream.__anext__()
         except StopAsyncIteration:
             pass
@@ -284,8 +291,12 @@ def build_payload(req, endpoint: str) -> dict[str, Any]:
     if endpoint == "chat":
         payload["messages"] = [m.plain(i) for i, m in enumerate(req.messages)]
         payload["chat_template_kwargs"] = req.chat_template_kwargs or {}
+    elif req.token_ids() is not None:  # the engine takes the ids as they are; echo shows their text
+        payload.update(prompt="", prompt_token_ids=req.token_ids())
     else:
         payload["prompt"] = req.prompt
+    if getattr(req, "echo", False):
+        payload["echo"] = True
     return payload
 
 
@@ -299,6 +310,7 @@ class Accumulator:
         self.logprobs: list[list[dict]] = [[] for _ in range(n)]
         self.prompt_tokens = 0
         self.cached_tokens: int | None = None  # prompt tokens from the engine's prefix cache (vLLM says)
+        self.echo: dict[str, Any] | None = None  # {prompt_text, prompt_logprobs} for completions' echo
 
     @property
     def completion_tokens(self) -> int:
@@ -307,6 +319,7 @@ class Accumulator:
     def add(self, items: list[dict]) -> None:
         for d in items:
             i = d["index"]
+            self.echo = d.get("echo") or self.echo
             self.texts[i] += d["text"]
             self.tokens[i] = max(self.tokens[i], d["num_generated_tokens"])
             self.finish[i] = d.get("finish_reason") or self.finish[i]
@@ -315,8 +328,9 @@ class Accumulator:
                 self.cached_tokens = max(self.cached_tokens or 0, d["num_cached_tokens"])
             self.logprobs[i].extend(d.get("logprobs") or [])
 
-    def chunk(self, rid: str, endpoint: str, model: str, items: list[dict], req):
-        """One SSE chunk for a batch of deltas: merged per choice index."""
+    def chunks(self, rid: str, endpoint: str, model: str, items: list[dict]) -> list:
+        """The SSE chunks for a batch of deltas: one per choice index (its deltas merged), so a client reading
+        choices[0] of each chunk sees every choice, one whose first token was the stop token included."""
         merged: dict[int, dict[str, Any]] = {}
         for d in items:
             m = merged.setdefault(d["index"], {"text": "", "finish": None, "logprobs": []})
@@ -324,12 +338,13 @@ class Accumulator:
             m["finish"] = d.get("finish_reason") or m["finish"]
             m["logprobs"].extend(d.get("logprobs") or [])
         if endpoint == "chat":
-            choices = [ChatChunkChoice(index=i, delta=DeltaMessage(content=m["text"]), finish_reason=m["finish"],
-                                       logprobs=chat_logprobs(m["logprobs"])) for i, m in sorted(merged.items())]
-            return ChatCompletionChunk(id=rid, model=model, choices=choices)
-        choices = [CompletionChoice(index=i, text=m["text"], finish_reason=m["finish"],
-                                    logprobs=completion_logprobs(m["logprobs"])) for i, m in sorted(merged.items())]
-        return CompletionResponse(id=rid, model=model, choices=choices)
+            return [ChatCompletionChunk(id=rid, model=model, choices=[ChatChunkChoice(
+                index=i, delta=DeltaMessage(content=m["text"]), finish_reason=m["finish"],
+                logprobs=chat_logprobs(m["logprobs"]))]) for i, m in sorted(merged.items())]
+        return [CompletionResponse(id=rid, model=model, choices=[CompletionChoice(
+            index=i, text=m["text"], finish_reason=m["finish"],
+            logprobs=completion_logprobs(m["logprobs"], offset=len(self.texts[i]) - len(m["text"])))])
+            for i, m in sorted(merged.items())]
 
     def response(self, req, endpoint: str, model: str, prompt: str):
         usage = Usage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -337,7 +352,9 @@ class Accumulator:
             choices = [ChatChoice(index=i, message=ResponseMessage(content=t), finish_reason=self.finish[i],
                                   logprobs=chat_logprobs(self.logprobs[i])) for i, t in enumerate(self.texts)]
             return ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=usage)
-        echo = prompt if getattr(req, "echo", False) else ""
+        echo = (self.echo or {}).get("prompt_text", prompt) if getattr(req, "echo", False) else ""
+        head = (self.echo or {}).get("prompt_logprobs") or []  # the prompt's tokens, before the generated ones
         choices = [CompletionChoice(index=i, text=echo + t, finish_reason=self.finish[i],
-                                    logprobs=completion_logprobs(self.logprobs[i])) for i, t in enumerate(self.texts)]
+                                    logprobs=completion_logprobs(head + self.logprobs[i] if self.logprobs[i] else None))
+                   for i, t in enumerate(self.texts)]
         return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=usage)

@@ -16,8 +16,10 @@ import time
 from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import Engine, GenerationRequest
-from fleetllm.engines.fields import FieldError
+from fleetllm.engines.fields import FieldError, check_prompt_ids
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
+from fleetllm.serve.echo import echo_item
+from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
 from fleetllm.serve.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
@@ -74,6 +76,7 @@ class ModelServer:
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]
         self.engine = engine
+        self.default_sampling = model_sampling_defaults(getattr(engine, "model_path", None))  # as `vllm serve`
         self.stream_budget = config.stream_budget()
         self.fatal: str | None = None
         self.ongoing = 0
@@ -130,20 +133,31 @@ class ModelServer:
                 return error_item(400, where + res.error)
         return {"vectors": [r.embedding for r in results], "prompt_tokens": sum(r.num_input_tokens for r in results)}
 
+    async def _request(self, payload: dict[str, Any]) -> tuple[GenerationRequest, dict[str, Any] | None]:
+        """The engine request (unset sampling fields from the model's defaults, as `vllm serve`) and, for
+        echo, the prompt's text and logprobs; RowError (a FieldError naming the field) when refused."""
+        if payload.get("prompt_token_ids") is not None:  # a token-id prompt: ids in the vocabulary
+            check_prompt_ids(payload["prompt_token_ids"], self.engine.vocab_size)
+        request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
+                                    prompt_token_ids=payload.get("prompt_token_ids"),
+                                    sampling=with_defaults(payload.get("sampling") or {}, self.default_sampling),
+                                    chat_template_kwargs=payload.get("chat_template_kwargs") or {},
+                                    request_id=payload.get("request_id", ""))
+        echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
+        return request, echo
+
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """Yield lists of delta dicts; a request the engine refuses yields one error item."""
         if not self.healthy():
             yield [error_item(503, f"model {self.model_id!r} is unavailable: {self.fatal}", "engine_dead")]
             return
         try:
-            request = GenerationRequest(messages=payload.get("messages"), prompt=payload.get("prompt"),
-                                        sampling=payload.get("sampling") or {},
-                                        chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                        request_id=payload.get("request_id", ""))
+            request, echo = await self._request(payload)
         except RowError as exc:
-            yield [error_item(400, str(exc))]
+            yield [error_item(400, str(exc), param=getattr(exc, "param", None))]
             return
         self.ongoing += 1
+        details = self.config.enable_prompt_tokens_details  # usage.prompt_tokens_details, as vLLM's flag
         buf: list[dict[str, Any]] = []
         wake = asyncio.Event()
         state: dict[str, Any] = {"done": False, "error": None}
@@ -151,7 +165,9 @@ class ModelServer:
         async def pump() -> None:
             try:
                 async for delta in self.engine.generate_stream(request):
-                    buf.append(dataclasses.asdict(delta))
+                    item = dataclasses.asdict(delta)
+                    item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
+                    buf.append(item)
                     wake.set()
             except RequestFailed as exc:  # the engine failed on this request only: it goes on serving
                 state["error"] = error_item(500, str(exc), "request_failed")
@@ -183,7 +199,7 @@ class ModelServer:
                 if buf:
                     items, buf[:] = list(buf), []
                     if first:  # which replica answers (the API's x-fleetllm-replica header)
-                        items[0]["replica"], first = self.replica_id, False
+                        items[0]["replica"], items[0]["echo"], first = self.replica_id, echo, False
                     last = time.monotonic()
                     yield items
                 if state["done"]:

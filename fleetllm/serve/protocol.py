@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,6 +38,7 @@ def overloaded(message: str, status: int = 429, retry_after_s: float = 1.0) -> A
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk, with include_usage
 
 
 class _RequestBase(BaseModel):
@@ -51,7 +52,7 @@ class _RequestBase(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), le=(1 << 63) - 1)  # a 64-bit integer, as vLLM bounds it
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -135,7 +136,7 @@ class _RequestBase(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: str  # OpenAI's roles, or a custom one passed to the chat template as it is (as vLLM does)
     content: str | list[dict[str, Any]] | None = None
 
     def require_content(self, where: str) -> None:
@@ -184,20 +185,25 @@ class ChatCompletionRequest(_RequestBase):
 
 
 class CompletionRequest(_RequestBase):
-    prompt: str | list[str]
+    # a string or a list of token ids (as vLLM takes them), or a list of one of either
+    prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[Annotated[int, Field(ge=0)]]]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str:
-        if isinstance(value, list):
+    def _one_prompt(cls, value: Any) -> str | list[int]:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
             if len(value) != 1:
-                raise ValueError("send one prompt per request (a list of exactly one string)")
+                raise ValueError("send one prompt per request (a list of exactly one string or token-id list)")
             value = value[0]
         if not value:
             raise ValueError("`prompt` is empty")
         return value
+
+    def token_ids(self) -> list[int] | None:
+        """The prompt's token ids when it was sent as ids, else None."""
+        return self.prompt if isinstance(self.prompt, list) else None
 
     def logprobs_count(self) -> int | None:
         return self.logprobs
@@ -292,6 +298,10 @@ def new_id(prefix: str) -> str:
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """A pydantic error list -> (one readable message, the first offending parameter)."""
+    """A pydantic error list -> (one message naming every problem, each with pydantic's error type as vLLM's
+    messages carry it, e.g. [type=less_than_equal]; the first offending parameter)."""
     problems = validation_problems(errors, root="body", skip=("body",))
-    return "; ".join(f"{where}: {what}" for where, what in problems), (problems[0][0] if problems else None)
+    kinds = [err.get("type") for err in errors]
+    parts = [f"{where}: {what}" + (f" [type={kind}]" if kind and kind not in ("value_error", "assertion_error")
+                                   else "") for (where, what), kind in zip(problems, kinds)]
+    return "; ".join(parts), (problems[0][0] if problems else None)

@@ -66,6 +66,10 @@ class ServedEngineSpec(StrictModel):
         "the engine's step). Default: 40 on a CPU replica (where every message's CPU is taken from the model); on a "
         "GPU replica 6,000 on the direct path (what the HTTP proxy carries) and 2,000 behind the separate ingress.",
     )
+    enable_prompt_tokens_details: bool = Field(
+        False, description="Add usage.prompt_tokens_details ({cached_tokens}: prompt tokens found in the prefix "
+        "cache; 0 on transformers, which has none) to every response, as `vllm serve "
+        "--enable-prompt-tokens-details` does; off, usage has no prompt_tokens_details.")
     routing: Literal["power_of_two", "prefix_affinity"] = Field(
         "power_of_two", description="How requests pick a replica: power_of_two (Ray Serve's default: the less "
         "loaded of two) or prefix_affinity (requests sharing a prompt prefix go to the replica that cached it, "

@@ -15,7 +15,9 @@ echoes the prompt (the last user message), so a test can check each row got its 
 content = "echo: " + prompt, cut to `max_tokens` words (finish_reason "length") when shorter.
 GET /v1/models lists `model`; GET /stats returns the counters. With `api_key` set, /v1/* answers
 401 (OpenAI's body) to a request without `Authorization: Bearer <api_key>`; a prompt that contains
-`bad_request_marker` answers 400, a failure of that row alone.
+`bad_request_marker` answers 400, a failure of that row alone. `fault` makes it an endpoint that lies
+or fails (an HTML page, a body cut short, no choices, 429/5xx, a hang, a huge body...), switchable
+while it runs: `fleetllm.testing.faults`. A request with `n` gets n choices.
 
 Use it from Python (`with CapacityServer(capacity=8) as srv: srv.base_url`; the server runs in a
 thread of this process by default, or in a subprocess with `subprocess=True`, which keeps the
@@ -37,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fleetllm.testing import faults
+
 DEFAULT_MODEL = "capacity-test"
 
 
@@ -53,6 +57,13 @@ class ServerOptions:
     seed: int | None = None
     api_key: str | None = None  # when set, /v1/* answers 401 to requests without this bearer key
     bad_request_marker: str | None = None  # a prompt holding it answers 400 (a row-level failure)
+    fault: str | None = None  # a failure mode of fleetllm.testing.faults (None: healthy)
+    fault_marker: str | None = None  # the fault hits only prompts holding it (None: every request)
+    fault_after: int = 0  # the fault hits only requests after the server's first fault_after
+    fault_status: int = 503  # fault "status": the HTTP status
+    fault_retry_after_s: float | None = None  # fault "status": its Retry-After header
+    fault_hang_s: float = 30.0  # fault "hang": seconds before the answer
+    fault_body_mb: float = 4.0  # fault "huge": size of the body
 
     def __post_init__(self) -> None:
         if self.capacity is not None and self.capacity < 1:
@@ -69,6 +80,7 @@ class ServerStats:
     ok: int = 0
     rate_limited: int = 0
     failed: int = 0
+    faults: int = 0  # requests answered with the fault mode
     unauthorized: int = 0
     max_in_system: int = 0
     max_active: int = 0
@@ -80,7 +92,7 @@ class ServerStats:
 def build_app(options: ServerOptions):
     """The Starlette (ASGI) app; its counters live on `app.state.stats`."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     stats = ServerStats()
@@ -116,6 +128,11 @@ def build_app(options: ServerOptions):
         if body.get("model") != options.model:
             return error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
                          "NotFoundError")
+        if faults.applies(options, prompt, stats.requests):
+            stats.faults += 1
+            faulty = await faults.fault_reply(options, body, lambda: answer(body, prompt, chat), error)
+            if faulty is not None:
+                return faulty
         if options.failure_rate and rng.random() < options.failure_rate:
             stats.failed += 1
             return error(options.failure_status, "injected failure", "ServiceUnavailable")
@@ -142,6 +159,10 @@ def build_app(options: ServerOptions):
                         state["active"] -= 1
         finally:
             in_system(-1)
+        stats.ok += 1
+        return answer(body, prompt, chat)
+
+    def answer(body: dict[str, Any], prompt: str, chat: bool) -> dict[str, Any]:
         words = ("echo: " + prompt).split(" ")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 10**9
         finish = "length" if len(words) > int(max_tokens) else "stop"
@@ -149,16 +170,16 @@ def build_app(options: ServerOptions):
         text = " ".join(words)
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
                  "total_tokens": len(prompt.split()) + len(words)}
-        stats.ok += 1
         created = int(time.time())
+        n = int(body.get("n") or 1)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish, "logprobs": None}
+            choices = [{"index": i, "message": {"role": "assistant", "content": text},
+                        "finish_reason": finish, "logprobs": None} for i in range(n)]
             return {"id": f"chatcmpl-{stats.requests}", "object": "chat.completion", "created": created,
-                    "model": options.model, "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+                    "model": options.model, "choices": choices, "usage": usage}
+        choices = [{"index": i, "text": text, "finish_reason": finish, "logprobs": None} for i in range(n)]
         return {"id": f"cmpl-{stats.requests}", "object": "text_completion", "created": created,
-                "model": options.model, "choices": [choice], "usage": usage}
+                "model": options.model, "choices": choices, "usage": usage}
 
     def refused(request):
         if options.api_key is None or request.headers.get("authorization") == f"Bearer {options.api_key}":
@@ -174,7 +195,7 @@ def build_app(options: ServerOptions):
         except ValueError:
             return error(400, "the request body is not JSON", "BadRequestError")
         out = await serve(body if isinstance(body, dict) else {}, chat)
-        return out if isinstance(out, JSONResponse) else JSONResponse(out)
+        return out if isinstance(out, Response) else JSONResponse(out)
 
     async def chat_completions(request):
         return await reply(request, chat=True)

@@ -29,7 +29,8 @@ def _cases(engine: str):
          "messages[0].content[0].text must be a string, got 5"),
         (dict(max_tokens=10**9), "max_tokens", f"the model's context is {CONTEXT} tokens; the request asks for ..."),
         (dict(logit_bias={"99999999": 5}), "logit_bias",
-         f"`logit_bias` token id 99999999 is outside the model's vocabulary (ids 0 to {VOCAB - 1})"),
+         f"`logit_bias` token id 99999999 is outside the model's vocabulary of {VOCAB} tokens (ids 0 to "
+         f"{VOCAB - 1})"),
         (dict(extra_body={"top_k": 10**9}), "top_k", f"`top_k` {10**9} is larger than the model's vocabulary ({VOCAB})"),
         (dict(extra_body={"frobnicate": 1}), "frobnicate",
          "`frobnicate` is not a request field fleetllm knows; remove it or check its spelling (known: ..."),

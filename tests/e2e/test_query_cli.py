@@ -99,3 +99,32 @@ def test_example_query_yaml_plans(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "engine     openai" in proc.stdout and "8 rows in 1 shard(s)" in proc.stdout
     assert "prompts    messages sent as they are; the endpoint applies its chat template" in proc.stdout
+
+
+def test_retry_errors_on_query_and_run_recomputes_only_the_failed_rows(tmp_path):
+    # One row's 500 while its neighbours answer: that row's error (exit 1). Healed, `query --retry-errors`
+    # sends that row alone; `run --retry-errors` then has nothing left to compute.
+    with CapacityServer(capacity=4, latency_s=0.02, model=MODEL, fault="status", fault_status=500,
+                        fault_marker="prompt 33") as srv:
+        spec = write_spec(tmp_path, srv.base_url)
+        data = yaml.safe_load(spec.read_text())
+        data["model"]["engine"] = "openai"  # `fleetllm run` takes the same file
+        data["model"]["engine_kwargs"].update(max_retries=2, retry={"initial_backoff_s": 0.1, "max_backoff_s": 0.2})
+        spec.write_text(yaml.safe_dump(data))
+        first = fleetllm("query", str(spec), timeout=180)
+        assert first.returncode == 1 and "1 errors" in first.stdout, first.stderr[-2000:]
+        srv.options.fault = None
+        seen = dict(srv.stats()["prompts"])
+        again = fleetllm("query", str(spec), "--retry-errors", timeout=180)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "1 failed row(s) of the output are computed again" in again.stderr
+        assert f"Wrote {ROWS} rows" in again.stdout and "(1 computed" in again.stdout and "0 errors" in again.stdout
+        sent = {p: n - seen.get(p, 0) for p, n in srv.stats()["prompts"].items() if n != seen.get(p, 0)}
+        assert sent == {"prompt 33": 1}
+        last = fleetllm("run", str(spec), "--retry-errors", "retryable", timeout=180)
+        assert last.returncode == 0 and "(0 computed" in last.stdout, last.stderr[-2000:]
+        refused = fleetllm("run", str(spec), "--retry-errors", "--overwrite", timeout=60)
+        assert refused.returncode == 2 and "give one of them" in refused.stderr
+    rows = read_rows(tmp_path / "out")
+    assert sorted(r["row_id"] for r in rows) == [f"q{i:03d}" for i in range(ROWS)]
+    assert all(r["error"] is None and r["generated_text"] == f"echo: {r['text']}" for r in rows)

@@ -26,7 +26,7 @@ def test_chat_answers_paris_and_streams_the_same(served):
     chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, temperature=0)
     assert "Paris" in chat.choices[0].message.content
     assert chat.choices[0].finish_reason == "stop" and chat.usage.completion_tokens > 0
-    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, stream=True,
+    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=32, stream=True, temperature=0,
                                             stream_options={"include_usage": True})
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == chat.choices[0].message.content
@@ -36,7 +36,7 @@ def test_chat_answers_paris_and_streams_the_same(served):
 def test_model_may_be_omitted_when_one_model_is_served(served):
     r = httpx.post(f"{served.url}/chat/completions", timeout=300,
                    json={"messages": [{"role": "user", "content": "What is the capital of France?"}],
-                         "max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}})
+                         "max_tokens": 16, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}})
     assert r.status_code == 200 and r.json()["model"] == "smollm2" and "Paris" in r.text
 
 

@@ -52,7 +52,8 @@ def part(**p):
 SEED = 18446744073709551616
 # (request, status, param, message): the exact error body
 CASES = [
-    (chat(seed=SEED), 400, "seed", f"`seed` must be between {-(1 << 63)} and {(1 << 63) - 1}, got {SEED}"),
+    (chat(seed=SEED), 400, "seed", f"seed: Input should be less than or equal to {(1 << 63) - 1} (got {SEED}) "
+     "[type=less_than_equal]"),  # the bound it breaks and pydantic's error type, as vLLM's message says
     (chat(seed=1.5), 400, "seed", None),
     (chat(part(type="text", text=5)), 400, "messages[0].content",
      "messages[0].content[1].text must be a string, got 5"),
@@ -67,7 +68,7 @@ CASES = [
     (chat(logit_bias={"99999999": 5}), 400, "logit_bias", None),
     (chat(logit_bias={"1": 500}), 400, "logit_bias", "`logit_bias` must be in [-100.0, 100.0], got 500"),
     (chat(logit_bias={"x": 1}), 400, "logit_bias", "`logit_bias` keys must be token ids, got 'x'"),
-    (chat(n=1000), 400, "n", "n: Input should be less than or equal to 16 (got 1000)"),
+    (chat(n=1000), 400, "n", "n: Input should be less than or equal to 16 (got 1000) [type=less_than_equal]"),
     (chat(presence_penalty=3), 400, "presence_penalty", "`presence_penalty` must be in [-2.0, 2.0], got 3"),
     (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools",
      "`tools` is not supported by the transformers engine (tool calls are not parsed by fleetllm); "
@@ -75,12 +76,13 @@ CASES = [
     (chat(stop_token_ids=[1]), 400, "stop_token_ids",
      "`stop_token_ids` is not supported by the transformers engine; engines that honour it: vllm, openai"),
     (chat(min_tokens=9, max_tokens=3), 400, "min_tokens", "`min_tokens` (9) is larger than `max_tokens` (3)"),
-    (chat(n=2), 400, "n", "`n` is 2 but temperature is 0, fleetllm's default when unset: greedy decoding gives one "
+    (chat(n=2, temperature=0), 400, "n", "`n` is 2 but temperature is 0.0: greedy decoding gives one "
      "answer, not 2; set temperature above 0 (e.g. 1.0) or n: 1"),
     (chat(stream_options={"include_usage": True}), 400, "stream_options", "stream_options: `stream_options` is only "
      "allowed when `stream` is true; set stream: true or remove it (got {'include_usage': True})"),
     (chat(frobnicate=True), 400, "frobnicate", None),
-    (chat(temperature=9), 400, "temperature", "temperature: Input should be less than or equal to 2 (got 9)"),
+    (chat(temperature=9), 400, "temperature", "temperature: Input should be less than or equal to 2 (got 9) "
+     "[type=less_than_equal]"),
     (chat([{"role": "user", "content": "x" * 5_000_000}]), 400, None, None),
     (("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "hi", "logit_bias": {"-1": 1}}}), 400,
      "logit_bias", "`logit_bias` token id -1 is negative"),
@@ -116,7 +118,8 @@ def test_each_hostile_request_fails_alone(served):
     assert topk.json()["error"]["message"] == f"`top_k` {10**9} is larger than the model's vocabulary ({vocab})"
     (bias,) = call(app, chat(logit_bias={"99999999": 5}))
     assert bias.json()["error"]["message"] == (
-        f"`logit_bias` token id 99999999 is outside the model's vocabulary (ids 0 to {vocab - 1})")
+        f"`logit_bias` token id 99999999 is outside the model's vocabulary of {vocab} tokens (ids 0 to "
+        f"{vocab - 1})")
     (unknown,) = call(app, chat(frobnicate=True))
     assert unknown.json()["error"]["message"].startswith(
         "`frobnicate` is not a request field fleetllm knows; remove it or check its spelling (known: ")
@@ -135,8 +138,9 @@ def test_honoured_fields_change_the_output(served):
     assert biased.status_code == 200, biased.text
     chosen = [e["token"] for e in biased.json()["choices"][0]["logprobs"]["content"]]
     assert chosen == [engine.tokenizer.decode([token])] * 6
-    plain, penalised = call(app, chat(max_tokens=24, ignore_eos=True),
-                            chat(max_tokens=24, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0))
+    plain, penalised = call(app, chat(max_tokens=24, ignore_eos=True, temperature=0),
+                            chat(max_tokens=24, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0,
+                                 temperature=0))
     assert plain.status_code == penalised.status_code == 200
     a, b = plain.json()["choices"][0]["message"]["content"], penalised.json()["choices"][0]["message"]["content"]
     ids_a, ids_b = engine.tokenizer(a)["input_ids"], engine.tokenizer(b)["input_ids"]

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow as pa
+import pytest
 
 from fleetllm.batch.stages import EngineStage
+from fleetllm.errors import EndpointError
 from fleetllm.testing.capacity_server import CapacityServer
 
 
@@ -34,11 +37,19 @@ def run_stage(n: int, engine_retries: int, compute_retries: int, **server) -> tu
 
 
 def test_a_failing_endpoint_costs_engine_retries_plus_one_never_a_product():
-    s, rows, stats = run_stage(5, 2, 3, capacity=4, latency_s=0.001, failure_rate=1.0)
+    # An endpoint failing every request (503) is its own failure: the stage raises, no row is written
+    # (fleetllm.engines.openai.failures.endpoint_wide), and each row was sent max_retries + 1 times.
+    with CapacityServer(capacity=4, latency_s=0.001, failure_rate=1.0) as srv:
+        s = stage(srv.base_url, engine_retries=2, compute_retries=3)
+        try:
+            with pytest.raises(EndpointError, match="is unavailable to every request \\(HTTP 503.*on all 3 attempts"):
+                s(batch(5))
+            time.sleep(0.3)  # the batch's other rows end their retries
+        finally:
+            s.engine.stop()
+        stats = srv.stats()
     assert s.max_retries == 0  # the engine retries requests itself; the stage adds none
     assert stats["requests"] == 5 * 3 and set(stats["prompts"].values()) == {3}
-    assert all(r["attempts"] == 3 and r["error"].startswith("HTTP 503") and r["generated_text"] is None
-               for r in rows)
 
 
 def test_attempts_column_counts_the_http_requests_of_each_row():

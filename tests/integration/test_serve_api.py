@@ -83,17 +83,18 @@ def test_errors_are_openai_shaped_and_the_server_keeps_serving(app):
         assert_openai_error(resp, status, param)
     assert "context" in bad[6].json()["error"]["message"]
     assert bad[5].json()["error"]["code"] == "model_not_found"
-    (ok,) = call(api, chat(max_tokens=4))
+    (ok,) = call(api, chat(max_tokens=4, temperature=0))
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
 
 
 def test_chat_n_usage_logprobs_and_stream_match(app):
     api, _ = app
     plain, two, lp, stream, comp = call(
-        api, chat(max_tokens=8), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
-        chat(max_tokens=3, logprobs=True, top_logprobs=2),
-        chat(max_tokens=8, stream=True, stream_options={"include_usage": True}),
-        ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True},
+        api, chat(max_tokens=8, temperature=0), chat(max_tokens=6, n=2, temperature=1.0, seed=3),
+        chat(max_tokens=3, logprobs=True, top_logprobs=2, temperature=0),
+        chat(max_tokens=8, stream=True, stream_options={"include_usage": True}, temperature=0),
+        ("POST", "/v1/completions", {"json": {"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "echo": True,
+                                              "temperature": 0},
                                      "headers": HDR}),
     )
     body = plain.json()
@@ -131,8 +132,8 @@ def test_a_small_stream_budget_merges_deltas_into_fewer_chunks(app):
     cfg = tiny.config.model_copy(update={"stream_messages_per_s": 0.01})  # 4 streams: one message per 400 s
     api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
     asks = [[{"role": "user", "content": f"count {i}"}] for i in range(4)]
-    streams = call(api, *[chat(max_tokens=64, messages=m, stream=True) for m in asks])
-    plain = call(api, *[chat(max_tokens=64, messages=m) for m in asks])
+    streams = call(api, *[chat(max_tokens=64, messages=m, stream=True, temperature=0) for m in asks])
+    plain = call(api, *[chat(max_tokens=64, messages=m, temperature=0) for m in asks])
     for stream, whole in zip(streams, plain):
         chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
         content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
@@ -149,9 +150,9 @@ def test_one_stream_under_the_budget_gets_its_deltas_as_they_come(app):
     cfg = tiny.config.model_copy(update={"stream_messages_per_s": 3000.0})
     api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
     ask = [{"role": "user", "content": "count to ten"}]
-    stream, whole = call(api, chat(max_tokens=48, messages=ask, ignore_eos=True, stream=True,
+    stream, whole = call(api, chat(max_tokens=48, messages=ask, ignore_eos=True, stream=True, temperature=0,
                               stream_options={"include_usage": True}),
-                         chat(max_tokens=48, messages=ask, ignore_eos=True))
+                         chat(max_tokens=48, messages=ask, ignore_eos=True, temperature=0))
     chunks = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
     content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
     assert len([c for c in content if c]) > 1

@@ -56,16 +56,17 @@ def metric(text: str, name: str, model: str) -> float:
 
 def test_openai_client_chat_completion_stream_n_models(client):
     assert sorted(m.id for m in client.models.list().data) == ["tiny", "tiny-small"]
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                          temperature=0)
     assert chat.usage.completion_tokens == 6 and chat.usage.prompt_tokens > 0
     assert chat.choices[0].finish_reason == "length"
-    comp = client.completions.create(model="tiny-small", prompt="Once upon a time", max_tokens=4)
+    comp = client.completions.create(model="tiny-small", prompt="Once upon a time", max_tokens=4, temperature=0)
     assert comp.usage.completion_tokens == 4 and comp.object == "text_completion"
     two = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                          max_tokens=5, n=2, temperature=1.0, seed=7)
     assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 10
     chunks = list(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True, temperature=0,
         stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat.choices[0].message.content  # greedy: the stream matches the plain answer

@@ -46,7 +46,7 @@ def test_normalised_values():
 
 
 def test_model_limits_and_output_budget():
-    with pytest.raises(FieldError, match=r"token id 100 is outside the model's vocabulary \(ids 0 to 99\)"):
+    with pytest.raises(FieldError, match=r"token id 100 is outside the model's vocabulary of 100 tokens \(ids 0 to 99\)"):
         check_model_limits({"logit_bias": {100: 1.0}}, 100)
     with pytest.raises(FieldError, match=r"`allowed_token_ids` token id\(s\) \[100\]"):
         check_model_limits({"allowed_token_ids": [1, 100]}, 100)

@@ -4,11 +4,21 @@
 
 - 408, 429, 5xx, timeouts and connection errors are retried with exponential backoff and jitter
   (`backoff_delay`), waiting at least the server's Retry-After;
-- other 4xx (400, 422, ...) are not retried: the row keeps the error;
+  the server's Retry-After is obeyed up to `max_backoff_s` (a Retry-After: 3600 waits max_backoff_s),
+  and each wait of a second or more is told to `wait_listeners` (the job's progress line) and logged;
+- a 200 that is not a well-formed completion (not JSON, no choices, fewer than `n`, a choice without
+  its message or text: `answers.check_completion`) is retried like a 5xx;
+- other 4xx (400, 422, ...) are not retried: the row keeps the error; so does an answer larger than
+  the size cap (`answers.capped_http_client`);
 - after `max_retries` retries the row keeps its last error; a row is never dropped;
-- failures that are not the row's fault (401/403: the api key; 404: the model or route; the endpoint
-  unreachable after the retries) come back with `endpoint_error` set, a message naming the cause and
-  the fix: callers stop instead of recording them as the row's result (`EndpointError`).
+- failures that are not the row's fault come back with `endpoint_error` set, a message naming the
+  endpoint, what it answered and the fix: callers stop instead of recording them as the row's result
+  (`EndpointError`). They are: 401/403 (the api key), 404 (the model or route), the endpoint
+  unreachable after the retries (`endpoint_problem`); and, after the retries (`endpoint_wide`), an
+  answer that is still not a well-formed completion, a 429 or 503 (the endpoint is rate-limiting or
+  unavailable, never the row's content), and any other retryable failure (500, 502, 504, 408,
+  timeouts) while no other request to the endpoint succeeded since the row's first attempt (an
+  outage or a hang, not this row). A 5xx or timeout of one row while others succeed stays its error.
 
 Every attempt goes through the AIMD window (`AsyncWindow` around `AIMDController`), which learns
 from each outcome. Sleep, clock and random are injectable so tests assert the exact backoff.
@@ -17,7 +27,7 @@ from each outcome. Sleep, clock and random are injectable so tests assert the ex
 from __future__ import annotations
 
 import asyncio
-import email.utils
+import logging
 import random as _random
 import time
 from dataclasses import dataclass, field
@@ -26,8 +36,16 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetllm.engines.openai.aimd import AIMDController, Signal, Ticket
+from fleetllm.engines.openai.answers import BadAnswer, check_completion
+from fleetllm.engines.openai.failures import (  # noqa: F401 (classify, parse_retry_after: their old home)
+    Failure, classify, endpoint_problem, endpoint_wide, parse_retry_after,
+)
 
 Sleep = Callable[[float], Awaitable[Any]]
+log = logging.getLogger("fleetllm.openai")
+# Called with one line whenever a request waits a second or more before its retry (the batch runner
+# shows it on the job's progress line); process-wide, as the engine's requests run on its own loop.
+wait_listeners: list[Callable[[str], None]] = []
 
 
 class RetryPolicy(BaseModel):
@@ -78,89 +96,6 @@ class CallResult:
     @property
     def finish_reason(self) -> str | None:
         return self.choices[0].finish_reason if self.choices else None
-
-
-@dataclass
-class Failure:
-    """How an attempt failed, as the retry loop and the controller see it."""
-
-    message: str
-    retryable: bool
-    signal: Signal | None = None  # a load signal for the controller, if any
-    retry_after_s: float | None = None
-    status: int | None = None
-
-
-def parse_retry_after(headers: Any) -> float | None:
-    """Retry-After in seconds from `retry-after-ms` or `retry-after` (seconds or an HTTP date)."""
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def classify(exc: BaseException) -> Failure:
-    """Map an exception from the openai client onto retry and load-signal decisions."""
-    import openai
-
-    if isinstance(exc, openai.APITimeoutError):
-        return Failure(f"timeout: {exc}", retryable=True, signal=Signal.TIMEOUT)
-    if isinstance(exc, openai.APIConnectionError):
-        return Failure(f"connection error: {exc}", retryable=True)
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        retry_after = parse_retry_after(getattr(exc.response, "headers", None))
-        message = f"HTTP {status}: {_short(exc)}"
-        if status == 429:
-            return Failure(message, True, Signal.RATE_LIMIT, retry_after, status)
-        if status in (503, 504):
-            return Failure(message, True, Signal.UNAVAILABLE, retry_after, status)
-        if status == 408 or status >= 500:
-            return Failure(message, True, None, retry_after, status)
-        return Failure(message, False, None, None, status)
-    return Failure(f"{type(exc).__name__}: {exc}", retryable=False)
-
-
-def endpoint_problem(failure: Failure, base_url: str, model: str) -> str | None:
-    """The cause and the fix when a final failure is the endpoint's, not the row's; else None."""
-    if failure.status in (401, 403):
-        return (f"the endpoint {base_url} refused the api key ({failure.message}); set "
-                "model.engine_kwargs.api_key, or the variable named by model.engine_kwargs.api_key_env "
-                "(default OPENAI_API_KEY), to a key it accepts, then run again")
-    if failure.status == 404:
-        return (f"the endpoint {base_url} does not serve model {model!r} ({failure.message}); set "
-                "model.source (or model.engine_kwargs.model) to an id that GET /v1/models lists, or fix "
-                "model.engine_kwargs.base_url, then run again")
-    if failure.status is None and failure.message.startswith("connection error"):
-        return (f"the endpoint {base_url} cannot be reached ({failure.message}); start it or fix "
-                "model.engine_kwargs.base_url, then run again")
-    return None
-
-
-def _short(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:500]
-        return str(inner)[:500]
-    return str(getattr(exc, "message", exc))[:500]
 
 
 class AsyncWindow:
@@ -230,12 +165,15 @@ class QueryClient:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = _random.random,
         openai_client: Any = None,
+        max_response_bytes: int = 64 * 2 ** 20,
     ) -> None:
         if openai_client is None:
             from openai import AsyncOpenAI
 
-            openai_client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY",
-                                        timeout=timeout_s, max_retries=0)
+            from fleetllm.engines.openai.answers import capped_http_client
+
+            openai_client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
+                                        max_retries=0, http_client=capped_http_client(max_response_bytes, timeout_s))
         self.openai = openai_client
         self.model = model
         self.base_url = base_url
@@ -249,16 +187,19 @@ class QueryClient:
         self.clock = clock
         self.rand = rand
         self.backoffs: list[float] = []  # every backoff slept, in order (for logs and tests)
+        self.successes = 0  # answers taken: a row's failure while none came is the endpoint's (endpoint_wide)
 
     async def chat(self, messages: list[dict[str, Any]], **options: Any) -> CallResult:
         """One chat completion (POST /chat/completions) with retries."""
+        n = int(options.get("n") or 1)
         return await self._call(lambda: self.openai.chat.completions.create(
-            model=self.model, messages=messages, **options))
+            model=self.model, messages=messages, **options), lambda r: _parse(r, n, chat=True))
 
     async def complete(self, prompt: str, **options: Any) -> CallResult:
         """One text completion (POST /completions) with retries."""
+        n = int(options.get("n") or 1)
         return await self._call(lambda: self.openai.completions.create(
-            model=self.model, prompt=prompt, **options))
+            model=self.model, prompt=prompt, **options), lambda r: _parse(r, n, chat=False))
 
     async def embed(self, input: str | list[int], **options: Any) -> CallResult:
         """One embedding (POST /embeddings) of one text or token-id list, with retries; the vector is
@@ -268,50 +209,66 @@ class QueryClient:
 
     async def _call(self, send: Callable[[], Awaitable[Any]],
                     parse: Callable[[Any], CallResult] | None = None) -> CallResult:
-        attempts = 0
-        first: float | None = None
+        parse = parse or _parse
+        attempts, first, successes_before = 0, None, self.successes
         while True:
             ticket = await self.window.acquire()
             attempts += 1
             start = self.clock()
             first = start if first is None else first
-            try:
-                response = await send()
+            try:  # an answer that is not a well-formed completion fails here like a 5xx (BadAnswer)
+                result = parse(await send())
             except Exception as exc:  # every failure is classified; none escapes the row
                 latency = self.clock() - start
                 failure = classify(exc)
+                retry_after = self._capped(failure.retry_after_s)
                 if failure.signal is not None:
-                    self.window.overload(ticket, failure.signal, failure.retry_after_s)
+                    self.window.overload(ticket, failure.signal, retry_after)
                 else:
                     self.window.other(ticket)
                 if not failure.retryable or attempts > self.retry.max_retries:
                     suffix = f" (after {attempts} attempts)" if failure.retryable else ""
+                    problem = endpoint_problem(failure, self.base_url, self.model) or endpoint_wide(
+                        failure, self.base_url, attempts, self.successes > successes_before)
                     return CallResult(error=failure.message + suffix, attempts=attempts, latency_s=latency,
-                                      elapsed_s=self.clock() - first,
-                                      endpoint_error=endpoint_problem(failure, self.base_url, self.model))
+                                      elapsed_s=self.clock() - first, endpoint_error=problem)
                 delay = backoff_delay(attempts - 1, self.retry, self.rand())
-                if failure.retry_after_s is not None:
-                    delay = max(delay, failure.retry_after_s)
+                if retry_after is not None:
+                    delay = max(delay, retry_after)
                 self.backoffs.append(delay)
+                self._tell_wait(delay, failure)
                 await self.sleep(delay)
                 continue
             latency = self.clock() - start
-            try:
-                result = (parse or _parse)(response)
-            except Exception as exc:
-                self.window.other(ticket)
-                return CallResult(error=f"unreadable response: {exc}", attempts=attempts, latency_s=latency)
+            self.successes += 1
             self.window.success(ticket, latency, result.completion_tokens or None)
             result.attempts = attempts
             result.latency_s = latency
             result.elapsed_s = self.clock() - first
             return result
 
+    def _capped(self, retry_after_s: float | None) -> float | None:
+        """The server's Retry-After, at most retry.max_backoff_s."""
+        return None if retry_after_s is None else min(retry_after_s, self.retry.max_backoff_s)
+
+    def _tell_wait(self, delay: float, failure: Failure) -> None:
+        """A wait of a second or more, told to the wait listeners (the progress line) and logged."""
+        if delay < 1.0:
+            return
+        said = failure.retry_after_s
+        why = "" if said is None else (f"; Retry-After {said:g} s" + (
+            f", capped at retry.max_backoff_s {self.retry.max_backoff_s:g} s" if said > self.retry.max_backoff_s else ""))
+        line = f"waiting {delay:.0f} s to retry {self.base_url}: {failure.message[:160]}{why}"
+        log.warning(line)
+        for listener in list(wait_listeners):
+            listener(line)
+
     async def aclose(self) -> None:
         await self.openai.close()
 
 
-def _parse(response: Any) -> CallResult:
+def _parse(response: Any, n: int = 1, chat: bool = True) -> CallResult:
+    check_completion(response, n, chat)  # BadAnswer: retried, then the endpoint's failure
     choices = []
     for i, ch in enumerate(response.choices):
         message = getattr(ch, "message", None)
@@ -328,12 +285,14 @@ def _parse(response: Any) -> CallResult:
 
 
 def _parse_embedding(response: Any) -> CallResult:
-    data = list(response.data)
+    if isinstance(response, (str, bytes)):
+        check_completion(response, 1, chat=False)  # BadAnswer naming the body
+    data = list(getattr(response, "data", None) or [])
     if len(data) != 1:
-        raise ValueError(f"expected one embedding, got {len(data)}")
+        raise BadAnswer(f"a 200 with {len(data)} embeddings where one was asked")
     vector = data[0].embedding
     if not isinstance(vector, list) or not vector:
-        raise ValueError(f"the embedding is not a list of floats ({type(vector).__name__})")
+        raise BadAnswer(f"a 200 whose embedding is not a list of floats ({type(vector).__name__})")
     usage = getattr(response, "usage", None)
     return CallResult(embedding=[float(x) for x in vector],
                       prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0))

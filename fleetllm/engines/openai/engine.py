@@ -9,8 +9,10 @@ follow `fleetllm.engines.openai.client`. A failed row comes back with `error` se
 is dropped. The engine runs its own event loop in a thread, so `generate` is a plain call.
 
 Failures that are not the row's (the api key refused, the model not served, the endpoint unreachable
-after the retries) raise `EndpointError` from `generate` instead: the job stops and commits nothing for
-those rows (a rerun with the fix computes them). `check_endpoint` finds the first two before a job starts.
+after the retries, answers that are not well-formed completions, an endpoint-wide 429 storm, outage or
+hang: `fleetllm.engines.openai.failures`) raise `EndpointError` from `generate` instead: the job stops
+and commits nothing for those rows (a rerun with the fix computes them). `check_endpoint` finds the
+first two before a job starts.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ class OpenAIEngineKwargs(BaseModel):
         "with exponential backoff and jitter; other 4xx are not retried. A row that still fails keeps its "
         "`error` and `attempts`. The only retry budget of this engine: compute.max_retries does not apply.")
     retry: dict[str, Any] = Field(
-        default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s, jitter."
+        default_factory=dict, description="More retry settings: initial_backoff_s, max_backoff_s (also the cap "
+        "on a server's Retry-After), jitter."
     )
+    max_response_mb: float = Field(
+        64.0, gt=0, description="Size cap of one response body, in MiB: a larger answer is refused unread past "
+        "it (read as a stream) and kept as the row's error.")
     aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
 
 
@@ -165,7 +171,8 @@ class OpenAIHTTPEngine(Engine):
 
     async def _make_client(self) -> QueryClient:
         return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
-                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller)
+                           timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller,
+                           max_response_bytes=int(self.settings.max_response_mb * 2 ** 20))
 
     def _run(self, coro) -> Future:
         if getattr(self, "_loop", None) is None:

@@ -1,0 +1,50 @@
+"""`echo` on /v1/completions, as `vllm serve` answers it: the prompt's text before the completion and, with
+`logprobs`, the prompt's tokens in the logprobs (the first with no logprob, as it has no context).
+
+The prompt's logprobs take one forward pass of the model over the prompt: the transformers engine does
+it; the vllm engine refuses echo with logprobs (a 400 naming `echo`), since fleetllm does not ask vLLM for
+prompt logprobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetllm.engines.fields import FieldError
+
+
+def prompt_ids(engine: Any, payload: dict[str, Any]) -> list[int]:
+    """The prompt's token ids: as sent, or the text tokenized as the engine tokenizes a prompt."""
+    if payload.get("prompt_token_ids") is not None:
+        return [int(t) for t in payload["prompt_token_ids"]]
+    return list(engine.tokenizer(payload.get("prompt") or "", add_special_tokens=True)["input_ids"])
+
+
+def echo_item(engine: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """{"prompt_text", "prompt_logprobs"} for an echo request (prompt_logprobs None without logprobs)."""
+    top = (payload.get("sampling") or {}).get("logprobs")
+    ids = prompt_ids(engine, payload) if payload.get("prompt_token_ids") is not None or top is not None else []
+    text = payload.get("prompt") or engine.tokenizer.decode(ids)
+    if top is None:
+        return {"prompt_text": text, "prompt_logprobs": None}
+    if getattr(engine, "name", "") != "transformers":
+        raise FieldError(f"`echo` with `logprobs` is not supported by the {engine.name} engine (it would need the "
+                         "prompt's logprobs); engines that honour it: transformers", param="echo")
+    return {"prompt_text": text, "prompt_logprobs": _prompt_logprobs(engine, ids, int(top))}
+
+
+def _prompt_logprobs(engine: Any, ids: list[int], top: int) -> list[dict[str, Any] | None]:
+    """Each prompt token's logprob given the tokens before it, with the `top` likeliest there."""
+    torch = engine.torch
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([ids], device=engine.model.device)).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    decode = engine.tokenizer.decode
+    out: list[dict[str, Any] | None] = [{"token": decode([ids[0]]), "logprob": None, "top_logprobs": None}]
+    for pos in range(1, len(ids)):
+        row, token = logp[pos - 1], ids[pos]
+        entry: dict[str, Any] = {"token": decode([token]), "logprob": float(row[token])}
+        values, best = torch.topk(row, top) if top else ([], [])
+        entry["top_logprobs"] = [{"token": decode([int(t)]), "logprob": float(v)} for v, t in zip(values, best)]
+        out.append(entry)
+    return out

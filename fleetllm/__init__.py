@@ -13,7 +13,7 @@ import importlib
 import time as _time
 from typing import Any
 
-STARTED_AT = _time.time()  # when fleetllm was first imported: the origin of run.json's `timeline_s`
+STARTED_AT = _time.time()  # when fleetllm was first imported: the origin of the run record's `timeline_s`
 
 __version__ = "0.1.0"
 

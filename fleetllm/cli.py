@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 
 from fleetllm.errors import FleetError
@@ -15,9 +17,11 @@ COMMAND_MODULES = (
     "fleetllm.batch.cli",      # run
     "fleetllm.models_cli",     # models list / pull
     "fleetllm.serve.cli",      # serve
+    "fleetllm.batches.cli",    # batches list / status / cancel (the Batch API of a server)
     "fleetllm.query.cli",      # query
     "fleetllm.report.cli",     # report
     "fleetllm.cluster.cli",    # cluster, submit, status, logs, k8s
+    "fleetllm.estimate.cli",   # calibrate
 )
 
 
@@ -33,7 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging() -> None:
+    """The CLI shows fleetllm's library log records (logging.getLogger("fleetllm...")) on stderr, at
+    $FLEETLLM_LOG_LEVEL (default INFO); an application embedding fleetllm configures logging itself."""
+    logger = logging.getLogger("fleetllm")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fleetllm: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("FLEETLLM_LOG_LEVEL", "INFO").upper())
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
+    configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

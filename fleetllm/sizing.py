@@ -66,9 +66,21 @@ def local_gpu_count() -> int:
     return 0
 
 
+def detected_cpus() -> int:
+    """The CPUs this process may use, as Ray detects a node's: the container's cgroup quota (Ray's own
+    detection: a 4-CPU pod on a 64-core node has 4), and no more than the CPUs it may run on (its affinity:
+    taskset, a Kubernetes static CPU policy)."""
+    from ray._private.utils import get_num_cpus
+
+    cpus = int(get_num_cpus(override_docker_cpu_warning=True)) or 1
+    if hasattr(os, "sched_getaffinity"):
+        cpus = min(cpus, len(os.sched_getaffinity(0)))
+    return max(cpus, 1)
+
+
 def local_cpus(min_cpus: float) -> int:
     """The CPUs a local run sizes for (the local Ray's count: +1 for the read/prepare tasks)."""
-    return max(os.cpu_count() or 1, int(min_cpus + 0.999)) + 1
+    return max(detected_cpus(), int(min_cpus + 0.999)) + 1
 
 
 def vllm_install_hint(gpus: float) -> str:

@@ -200,7 +200,7 @@ class SamplingSpec(StrictModel):
 
 
 class OutputSpec(StrictModel):
-    path: str = Field(..., description="Output folder: data files, manifest and run.json.")
+    path: str = Field(..., description="Output folder: data files (part-*.parquet), _fleetllm/ (commits, report) and the run record _SUCCESS.")
     format: Literal["parquet", "jsonl", "openai_batch"] = Field("parquet", description="Data file format.")
     shard_rows: int = Field(1000, ge=1, description="Rows per shard, the unit of commit and resume.")
 
@@ -238,6 +238,27 @@ class ComputeSpec(StrictModel):
         "input order. Generate jobs on their own template/messages/prompt (not openai_batch input).")
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
+    deadline: str | None = Field(
+        None, description="When the job must be done: a duration from the start (90m, 2h30m, 1d) or a time "
+        "(2026-12-06T08:00:00Z; no zone = UTC). With replicas: auto the plan runs the fewest replicas whose "
+        "estimate (its upper end, from the throughput profile: fleetllm calibrate) meets it; a deadline the "
+        "cluster cannot meet is refused before anything starts, naming the shortfall. Needs a profile.")
+    price_per_accelerator_hour: float | None = Field(
+        None, ge=0, description="Price of one accelerator-hour (a GPU; on CPU replicas, one replica) in your "
+        "currency: the estimate (fleetllm run --dry-run) then gives the job's cost.")
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value):
+        from datetime import datetime
+
+        from fleetllm.estimate.deadline import parse_deadline
+
+        if isinstance(value, datetime):  # YAML reads an unquoted time as a datetime
+            value = value.isoformat()
+        if value is not None:
+            parse_deadline(str(value))
+        return value
 
     @field_validator("replicas", "batches_in_flight")
     @classmethod
@@ -280,6 +301,8 @@ class JobSpec(StrictModel):
             settings = parse_engine_kwargs(self.model.engine_kwargs)
         except SpecError as exc:
             raise ValueError(f"model.{exc}") from None
+        # $OPENAI_BASE_URL read here, on the driver: the replicas (maybe on other machines) get it in the spec
+        self.model.engine_kwargs.setdefault("base_url", settings.base_url)
         if "source" not in self.model.model_fields_set and not settings.model:
             raise ValueError("engine openai needs the served model id: set model.source to the id the endpoint "
                              "lists at GET /v1/models (or model.engine_kwargs.model)")

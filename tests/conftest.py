@@ -82,7 +82,9 @@ _SHARED_STOPS: dict = {}
 def _shared_app(request, tmp_path_factory, name: str, spec: dict, **kwargs):
     from fleetllm.testing.serve_process import ServeProcess
 
-    served = ServeProcess(spec, tmp_path_factory.mktemp(name), **kwargs).start()
+    work = tmp_path_factory.mktemp(name)  # the Batch API's files and state there, small shards (test_batch_api*)
+    spec = {**spec, "batches": {"path": str(work / "batches"), "shard_rows": 4}}
+    served = ServeProcess(spec, work, **kwargs).start()
     _SHARED_STOPS[name] = served.stop
     request.addfinalizer(served.stop)
     return served

@@ -18,7 +18,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
     """The flags of every command that runs a job spec (`run`, `query`)."""
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; load no model")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan and its estimate (tokens, time, GPU-hours, cost); load no model")
+    p.add_argument("--json", action="store_true",
+                   help="with --dry-run: print one JSON object (plan lines, replicas, `estimate`, deadline)")
     p.add_argument("--overwrite", action="store_true",
                    help="recompute everything, replacing what fleetllm wrote in the output folder")
     p.add_argument("-v", "--verbose", action="store_true",
@@ -49,8 +52,17 @@ def execute_job(spec, args) -> int:
 
         for line in window_warnings(spec):
             console.print(f"[yellow]warning:[/yellow] {line}")
+    if getattr(args, "json", False) and not args.dry_run:
+        print("error: --json prints the dry run's plan and estimate; add --dry-run (a run writes run.json)",
+              file=sys.stderr)
+        return 2
     if args.dry_run:
-        run_job(spec, overwrite=args.overwrite, dry_run=True, console=console)
+        result = run_job(spec, overwrite=args.overwrite, dry_run=True, console=console,
+                         as_json=getattr(args, "json", False))
+        if getattr(args, "json", False):
+            import json
+
+            print(json.dumps(result))
         return 0
     from fleetllm.batch.run_logs import captured_output
 

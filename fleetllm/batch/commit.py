@@ -5,7 +5,14 @@ Layout:
     _fleetllm/job.json                  the job's fingerprint and its parts (what changes outputs)
     _fleetllm/commits/shard-000000-<fingerprint>.json   one small commit object per committed shard
     _fleetllm/lock.json                 the lock of the run writing the folder (folder_lock.py)
-    run.json                            the report, written last: its presence means the job completed
+    _fleetllm/report.html               `fleetllm report OUT`
+    _SUCCESS                            the run record (JSON), written last: its presence means the job
+                                        completed, as Hadoop's committer writes its summary there
+
+Every name a Parquet reader would open ends in `.parquet`; the rest starts with `_` or `.`, which
+pandas, pyarrow, Spark, DuckDB and Ray skip, so the folder opens with no options. Folders written by
+earlier versions hold the run record as `run.json` (and a report as `report.html`) at the top: they
+are still read and resumed, and the run that takes such a folder removes them.
 
 A shard is committed in two writes, each whole or absent (store.write_atomic): its data under its
 final name, then its commit object. A shard counts only with a commit object whose fingerprint is
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetllm.batch import store
+from fleetllm.batch.discovery import LEGACY_RUN_RECORD  # still read and resumed
 from fleetllm.batch.folder_lock import FolderLock
 from fleetllm.batch.plan import Shard, shard_fingerprint
 from fleetllm.errors import PlanError
@@ -39,7 +47,9 @@ COMMITS = "commits"
 LEGACY_MANIFEST = "manifest.jsonl"
 LOCK = "lock.json"
 DATA_EXT = {"parquet": "parquet", "jsonl": "jsonl", "openai_batch": "jsonl"}
-REPORT_FILES = ("run.json", "output.jsonl", "errors.jsonl")
+RUN_RECORD = "_SUCCESS"
+REPORT_PAGE = "report.html"  # `fleetllm report OUT`, under _fleetllm/ (at the top before)
+REPORT_FILES = (RUN_RECORD, LEGACY_RUN_RECORD, REPORT_PAGE, "output.jsonl", "errors.jsonl")
 PART = re.compile(r"^part-\d{6}\.(parquet|jsonl)$")
 COMMIT = re.compile(r"^shard-(\d{6,})-([0-9a-f]+)\.json$")
 
@@ -270,12 +280,27 @@ class OutputFolder:
             raise
 
     def write_file(self, name: str, write) -> None:
-        """A whole file at the folder's top (run.json, output.jsonl, ...)."""
+        """A whole file at the folder's top (_SUCCESS, output.jsonl, ...)."""
         store.write_atomic(self.fs, self.p(name), write)
 
     def write_report(self, report: dict[str, Any]) -> None:
+        """The run record, last: `_SUCCESS` holding its JSON (readers of the folder skip it)."""
         data = json.dumps(report, indent=2, sort_keys=True, default=str).encode()
-        self.write_file("run.json", lambda fh: fh.write(data))
+        self.write_file(RUN_RECORD, lambda fh: fh.write(data))
 
     def remove_report(self) -> None:
-        store.remove(self.fs, [self.p("run.json")])
+        """Before a run computes: the record and report of the previous run (old names too)."""
+        store.remove(self.fs, [self.p(n) for n in (RUN_RECORD, LEGACY_RUN_RECORD, REPORT_PAGE)]
+                     + [self.p(META, REPORT_PAGE)])
+
+
+def read_run_record(out_path: str) -> dict[str, Any] | None:
+    """The run record of an output folder (`_SUCCESS`, or an earlier version's `run.json`); None when
+    the folder holds no finished run."""
+    fs, root = store.open_url(out_path)
+    for name in (RUN_RECORD, LEGACY_RUN_RECORD):
+        try:
+            return json.loads(fs.cat_file(posixpath.join(root.rstrip("/") or root, name)))
+        except FileNotFoundError:
+            continue
+    return None

@@ -18,7 +18,7 @@ from fleetllm.batch import store
 from fleetllm.errors import InputError
 
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-LEGACY_RECORDS = ("run.json",)  # fleetllm.batch.commit: the run record at an output folder's top, before _SUCCESS
+LEGACY_RUN_RECORD = "run.json"  # the run record at an output folder's top before _SUCCESS (fleetllm.batch.commit)
 COMPRESSIONS = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz"}
 
 
@@ -77,7 +77,7 @@ def list_files(path: str, declared: str) -> tuple[fsspec.AbstractFileSystem, lis
 def own_records(fs: fsspec.AbstractFileSystem, root: str) -> set[str]:
     """In a fleetllm output folder (one holding `_fleetllm/job.json`), the run record an earlier version
     wrote at the top (`run.json`), which is not data; nothing elsewhere."""
-    return set(LEGACY_RECORDS) if fs.exists(posixpath.join(root, "_fleetllm", "job.json")) else set()
+    return {LEGACY_RUN_RECORD} if fs.exists(posixpath.join(root, "_fleetllm", "job.json")) else set()
 
 
 def known_extension(path: str) -> bool:

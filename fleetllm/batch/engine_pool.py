@@ -40,7 +40,7 @@ class EnginePool:
     max_retries: int = 2
     task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
     rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
-    ray_remote_args: dict[str, Any] = field(default_factory=dict)  # e.g. a runtime_env (Ray Data LLM's field)
+    ray_remote_args: dict[str, Any] = field(default_factory=dict)  # runtime_env, accelerator_type (Ray Data LLM's)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -97,4 +97,5 @@ class EnginePool:
         )
         if plan.gpus_per_replica and not plan.uses_placement_group:  # else vLLM's workers hold the GPUs
             kwargs["num_gpus"] = plan.gpus_per_replica
-        return {**kwargs, **self.ray_remote_args}
+        kwargs.update(self.ray_remote_args)
+        return kwargs

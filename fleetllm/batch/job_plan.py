@@ -7,7 +7,6 @@ checks that refuse a job before any model loads (columns, sampling, task). Loads
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -153,7 +152,7 @@ def check_columns(spec: JobSpec) -> list[dict[str, Any]]:
 
 def local_resources() -> dict[str, float]:
     """This machine's CPUs and GPUs: what a dry run sizes for when no cluster is connected."""
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(sizing.local_gpu_count())}
+    return {"CPU": float(sizing.detected_cpus()), "GPU": float(sizing.local_gpu_count())}
 
 
 def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
@@ -172,6 +171,10 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         model = models.served(spec.model.source)
     elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
         model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
+        if model.kind == "hub":  # the commit, not a branch that moves (fleetllm.hub_revision)
+            from fleetllm.hub_revision import pin_revision
+
+            model = pin_revision(model, spec.model.revision or spec.model.engine_kwargs.get("revision"))
     else:
         model = models.ResolvedModel(spec.model.source, "embedded",
                                      str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
@@ -192,6 +195,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         check_ids(spec, files)
     check_template_renders(spec, columns, peeked)
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    if model.kind == "hub" and model.revision:
+        engine_kwargs["revision"] = model.revision  # the replicas load the pinned commit
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
     prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
                     "input_format": spec.input.format, "id_column": spec.input.id_column}

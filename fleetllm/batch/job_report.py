@@ -1,4 +1,4 @@
-"""run.json: what a batch job did (rows, errors, tokens, throughput, replicas, versions), from the
+"""The run record (_SUCCESS): what a batch job did (rows, errors, tokens, throughput, replicas, versions), from the
 output folder's committed shards and the run's totals."""
 
 from __future__ import annotations

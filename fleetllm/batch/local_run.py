@@ -9,7 +9,7 @@ What stays identical to the Ray path (fleetllm.batch.stream): the plan (`plan_jo
 fingerprint, the output folder's checks), the engine stage (`EngineStage`: the same rows in, the same
 columns out), the chat template + tokenization ahead of the engine for vLLM (`add_prompt_token_ids`),
 the commit of each complete shard through the same `OutputFolder` path in the driver, and the report
-(`make_report`, run.json). So resume and exactly-once hold the same way: a shard counts once its
+(`make_report`, the run record). So resume and exactly-once hold the same way: a shard counts once its
 commit object is written, and a killed run resumes from the commits whichever path ran it.
 
 What differs: the engine starts in a thread as soon as the job is planned, while the first shards

@@ -60,7 +60,7 @@ class _ProcessorConfig(ray_names.RayProcessorFields):
 
     @model_validator(mode="before")
     @classmethod
-    def _ray_names(cls, data: Any) -> Any:
+    def _ray_names(cls, data: Any) -> Any:  # max_concurrent_batches, (min, max) concurrency, task_type, ...
         return ray_names.normalize(data)
 
     @model_validator(mode="after")
@@ -117,7 +117,7 @@ class Processor:
                           batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
                                                                                c.batches_in_flight),
                           chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries,
-                          task=c.task_type, ray_remote_args=ray_names.ray_remote_args(c))
+                          task=c.task_type, ray_remote_args=ray_names.ray_remote_args(c, plan.gpus_per_replica))
 
     def log_input_column_names(self) -> None:
         """Log (INFO, logger fleetllm.batch) the columns the engine stage reads, as Ray's Processor does."""

@@ -1,5 +1,8 @@
 """Live progress of a batch job: rows done/total, rows/s, output tokens/s, ETA.
 
+The ETA is the estimate model's (`eta`: fleetllm.batch.estimate_live, tokens left at the measured
+rates) when the run has one, else the rows left at the rows/s so far.
+
 On a terminal a rich progress bar; elsewhere (CI, logs, a subprocess) one plain line every
 `interval_s` seconds, so a long job still shows it is alive.
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -15,12 +19,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 class JobProgress:
     def __init__(self, total_rows: int, skipped_rows: int = 0, label: str = "rows",
-                 interval_s: float = 10.0, console: Console | None = None) -> None:
+                 interval_s: float = 10.0, console: Console | None = None,
+                 eta: Callable[[int, int], float | None] | None = None) -> None:
         self.total = total_rows
         self.skipped = skipped_rows
         self.done = 0  # rows computed in this run
         self.output_tokens = 0
         self.errors = 0
+        self.eta = eta  # (rows computed, output tokens) -> seconds left
+        self.eta_s: float | None = None
         self.prompt_tokens = 0  # of rows whose engine reports prefix-cache hits
         self.cached_tokens: int | None = None
         self.start = time.monotonic()
@@ -70,8 +77,11 @@ class JobProgress:
         if cached_tokens is not None:
             self.cached_tokens = (self.cached_tokens or 0) + cached_tokens
             self.prompt_tokens += prompt_tokens
+        if self.eta is not None:
+            self.eta_s = self.eta(self.done, self.output_tokens)
         if self._progress is not None:
-            self._progress.update(self._task, advance=rows, rate=self._rates())
+            model_eta = f"  ETA {self.eta_s:.0f}s (model)" if self.eta_s is not None else ""
+            self._progress.update(self._task, advance=rows, rate=self._rates() + model_eta)
         elif time.monotonic() - self._last_line >= self.interval_s:
             self._last_line = time.monotonic()
             self.console.print(self.line())
@@ -80,7 +90,7 @@ class JobProgress:
         finished = self.done + self.skipped
         elapsed = max(time.monotonic() - self.start, 1e-6)
         rate = self.done / elapsed
-        eta = (self.total - finished) / rate if rate > 0 else float("nan")
+        eta = self.eta_s if self.eta_s is not None else (self.total - finished) / rate if rate > 0 else float("nan")
         return f"{finished}/{self.total} rows  {self._rates()}  ETA {eta:.0f}s"
 
     def close(self) -> None:

@@ -1,11 +1,11 @@
 """`ray.data.llm`'s field names and shapes on fleetllm's processor configs (docs/ray-compat.md).
 
-A Ray Data LLM config validates here with its own names: `max_concurrent_batches` is fleetllm's
-`batches_in_flight`; `task_type`, `runtime_env`, `accelerator_type`, `placement_group_config`,
-`should_continue_on_error`, a `(min, max)` concurrency, the legacy `apply_chat_template` /
-`chat_template` / `tokenize` / `detokenize` flags and the `*_stage` configs (bool, dict or the stage
-config classes below) are read into fleetllm's settings, or refused naming the field where fleetllm
-cannot do what Ray documents.
+A Ray Data LLM config (vLLMEngineProcessorConfig) validates here with its own names, so a Ray example runs
+with the import changed: `max_concurrent_batches` is fleetllm's `batches_in_flight`; `task_type`,
+`runtime_env`, `accelerator_type`, `placement_group_config`, `should_continue_on_error`, a `(min, max)`
+concurrency, the legacy `apply_chat_template` / `chat_template` / `tokenize` / `detokenize` flags and the
+`*_stage` configs (bool, dict or the stage config classes below) are read into fleetllm's settings, or
+refused with a SpecError naming the field where fleetllm cannot do what Ray documents.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetllm.errors import SpecError
+
 log = logging.getLogger("fleetllm.batch")
 
 RAY_ERROR_COLUMN = "__inference_error__"  # Ray's per-row error column (should_continue_on_error)
-RENAMED = {"max_concurrent_batches": "batches_in_flight"}
+RENAMED = {"max_concurrent_batches": "batches_in_flight"}  # Ray's name -> fleetllm's
 # Ray settings fleetllm sizes itself: accepted and not used (logged).
 NOT_USED = ("max_pending_requests", "max_tasks_in_flight_per_actor", "log_engine_metrics")
 STAGES = {"chat_template_stage": "apply_chat_template", "tokenize_stage": "tokenize",
@@ -63,16 +65,18 @@ PrepareImageStageConfig = PrepareMultimodalStageConfig
 class RayProcessorFields(BaseModel):
     """The Ray Data LLM fields fleetllm's processor configs accept besides their own."""
 
-    accelerator_type: str | None = Field(None, description="Ray: the GPU type replicas need. fleetllm places "
-                                         "replicas by GPU count; the type is logged, not enforced.")
-    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the engine replicas.")
-    task_type: str = Field("generate", description="Ray: generate | embed (an embedding model; `embedding` out).")
+    accelerator_type: str | None = Field(
+        None, description="Ray's accelerator type the replicas run on (e.g. A10G, H100), as Ray Data's "
+        "accelerator_type: a scheduling constraint of GPU replicas; replicas without GPUs log it and run.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (pip, env_vars...).")
+    task_type: str = Field("generate", description="Ray: generate | embed (an embedding model; `embedding` out); "
+                           "auto is generate.")
     placement_group_config: dict[str, Any] | None = Field(
         None, description="Ray: the replica's bundles. fleetllm makes vLLM's placement group from TP x PP; a "
         "config asking for more GPUs than that is refused.")
-    should_continue_on_error: bool = Field(
-        False, description="Ray: record failed rows instead of raising. fleetllm always records them (`error`); "
-        "True adds Ray's `__inference_error__` column too.")
+    should_continue_on_error: bool | None = Field(
+        None, description="Ray: record failed rows instead of raising. fleetllm always records them (`error`); "
+        "True adds Ray's `__inference_error__` column too; False (raise) is refused.")
     apply_chat_template: bool = True
     tokenize: bool = True
     detokenize: bool = True
@@ -94,15 +98,15 @@ def normalize(data: Any) -> Any:
     for ray_name, name in RENAMED.items():
         if ray_name in data:
             if name in data:
-                raise ValueError(f"give {ray_name} (Ray's name) or {name}, not both")
+                raise SpecError(f"give {ray_name} (Ray's name) or {name}, not both")
             data[name] = data.pop(ray_name)
     for ray_name in NOT_USED:
         if ray_name in data:
             log.info("%s=%r: fleetllm sizes this itself; not used", ray_name, data.pop(ray_name))
     for key in ("dynamic_lora_loading_path",):
         if data.get(key) is not None:
-            raise ValueError(f"{key} is not supported by fleetllm's processor; load LoRA adapters by "
-                             "model_source instead")
+            raise SpecError(f"{key} is not supported by fleetllm's processor; load LoRA adapters by "
+                            "model_source instead")
         data.pop(key, None)
     chat_kwargs = dict(data.get("chat_template_kwargs") or {})
     if data.get("chat_template") is not None:
@@ -122,24 +126,31 @@ def normalize(data: Any) -> Any:
     if isinstance(concurrency, (tuple, list)):
         if len(concurrency) != 2 or not all(isinstance(c, int) and c > 0 for c in concurrency) \
                 or concurrency[0] > concurrency[1]:
-            raise ValueError(f"concurrency {concurrency!r}: give an int or (min, max) with 1 <= min <= max")
-        data["concurrency"] = tuple(concurrency)
+            raise SpecError(f"concurrency={tuple(concurrency)!r}: give an int or (min, max) with 1 <= min <= max")
+        low, high = concurrency
+        data["concurrency"] = low if low == high else (low, high)
+    if data.get("task_type") == "auto":
+        data["task_type"] = "generate"
+    if data.get("should_continue_on_error") is False:
+        raise SpecError("should_continue_on_error=False (fail the dataset on a row's error) is not what fleetllm "
+                        "does: every row's error is recorded in its `error` column and no row is dropped; leave "
+                        "it out or set True")
     return data
 
 
 def check(config: Any) -> None:
     """Refuse what Ray documents and fleetllm cannot do, naming the field (an after-validator)."""
     if config.task_type not in ("generate", "embed"):
-        raise ValueError(f"task_type {config.task_type!r}: fleetllm's processor generates or embeds; use "
-                         "task_type='generate' or 'embed'")
+        raise SpecError(f"task_type={config.task_type!r}: fleetllm's processor generates or embeds; use "
+                        "task_type='generate' or 'embed'")
     if config.has_image:
-        raise ValueError("prepare_multimodal_stage / prepare_image_stage: fleetllm's processor takes text; images in "
-                         "chat messages are served by `fleetllm serve` (leave the stage disabled)")
+        raise SpecError("prepare_multimodal_stage / prepare_image_stage: fleetllm's processor takes text; images in "
+                        "chat messages are served by `fleetllm serve` (leave the stage disabled)")
     bundles = (config.placement_group_config or {}).get("bundles") or []
     gpus = sum(float(b.get("GPU", 0)) for b in bundles)
     if gpus and config.engine != "vllm":
-        raise ValueError(f"placement_group_config asks for {gpus:g} GPUs; the {config.engine} engine runs a replica "
-                         "in one actor: set gpus_per_replica instead")
+        raise SpecError(f"placement_group_config asks for {gpus:g} GPUs; the {config.engine} engine runs a replica "
+                        "in one actor: set gpus_per_replica instead")
 
 
 def replica_range(concurrency: int | tuple[int, int]) -> list[int]:
@@ -149,12 +160,16 @@ def replica_range(concurrency: int | tuple[int, int]) -> list[int]:
     return [concurrency]
 
 
-def ray_remote_args(config: Any) -> dict[str, Any]:
-    """Ray options of the engine replicas from the Ray fields (runtime_env); logs accelerator_type."""
-    if config.accelerator_type:
-        log.warning("accelerator_type=%r: fleetllm places replicas by GPU count, not by GPU type",
-                    config.accelerator_type)
-    return {"runtime_env": config.runtime_env} if config.runtime_env else {}
+def ray_remote_args(config: Any, gpus_per_replica: float) -> dict[str, Any]:
+    """Ray options of the engine replicas' actors from the Ray fields: runtime_env, and accelerator_type where the
+    replicas hold GPUs (a CPU replica has no accelerator to match: logged, so Ray's GPU examples run on a CPU)."""
+    out = {"runtime_env": config.runtime_env} if config.runtime_env else {}
+    if config.accelerator_type and gpus_per_replica:
+        out["accelerator_type"] = config.accelerator_type
+    elif config.accelerator_type:
+        log.warning("accelerator_type=%r: the replicas run on CPU (no GPU per replica), so the type is not "
+                    "passed to Ray", config.accelerator_type)
+    return out
 
 
 def ray_output(row: dict[str, Any], config: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The series a run keeps in run.json for `fleetllm report`: one point per committed shard (time,
+"""The series a run keeps in its run record (_SUCCESS) for `fleetllm report`: one point per committed shard (time,
 rows, tokens, errors), rows per engine replica, and the time split (start-up, generation, commit).
 
 Pure bookkeeping fed by the runner's loop; replicas are told apart by (node, ready time), which the

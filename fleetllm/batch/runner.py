@@ -6,7 +6,7 @@
        shards are read and tokenized); both hand each complete shard back to this driver
     -> commit_shard (fleetllm.batch.assemble: the data under its final name, then one commit object per
        shard under OUT/_fleetllm/commits)
-    -> make_report (fleetllm.batch.job_report: run.json)
+    -> make_report (fleetllm.batch.job_report: the run record, _SUCCESS)
 
 The driver never holds more than the shards in flight; the commit objects make the job resumable.
 """
@@ -24,6 +24,8 @@ from fleetllm import sizing
 from fleetllm.batch import owner, store
 from fleetllm.batch.assemble import commit_shard
 from fleetllm.batch.commit import OutputFolder
+from fleetllm.batch.estimate_job import apply_deadline, estimate_plan, job_shape
+from fleetllm.batch.estimate_live import RunEstimate
 from fleetllm.batch.job_plan import plan_job
 from fleetllm.batch.job_report import make_report
 from fleetllm.batch.plan import Shard
@@ -31,23 +33,25 @@ from fleetllm.batch.progress import JobProgress
 from fleetllm.batch.retry_errors import commit_retried, reopen_errors
 from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
-from fleetllm.batch.stream import init_ray, run_on_ray, wait_for_cluster
+from fleetllm.batch.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
 from fleetllm.batch.writers import shard_writer
 from fleetllm.errors import EndpointError, PlanError
+from fleetllm.estimate.describe import describe as describe_estimate
 from fleetllm.spec import JobSpec
 
 
 def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             max_error_rate: float | None = None, console: Console | None = None,
-            retry_errors: str | None = None) -> dict[str, Any]:
+            retry_errors: str | None = None, as_json: bool = False) -> dict[str, Any]:
     """Run a job; a real run holds the output folder's lock throughout (a second run refuses).
     `retry_errors` ("all" or "retryable"): also recompute the committed rows whose `error` is set
-    (fleetllm.batch.retry_errors)."""
+    (fleetllm.batch.retry_errors). A dry run prints the plan and its estimate (`as_json`: prints
+    nothing, the caller prints the returned dict)."""
     if retry_errors is not None and overwrite:
         raise PlanError("--retry-errors recomputes the failed rows of the existing output and --overwrite "
                         "recomputes every row: give one of them")
     if dry_run:
-        return _run_job(spec, overwrite=overwrite, dry_run=True, max_error_rate=max_error_rate, console=console)
+        return _dry_run(spec, overwrite=overwrite, console=console or Console(stderr=True), as_json=as_json)
     swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.owner)
     if swept and console is not None:
         console.print(f"removed {len(swept)} temporary folder(s) left by killed runs: {', '.join(swept[:3])}"
@@ -55,8 +59,11 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     created = folders_to_create(spec.output.path)
     try:
         with OutputFolder(spec.output.path, spec.output.format).lock(overwrite):
-            return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
-                            console=console, retry_errors=retry_errors)
+            try:
+                return _run_job(spec, overwrite=overwrite, dry_run=False, max_error_rate=max_error_rate,
+                                console=console, retry_errors=retry_errors)
+            finally:
+                release_cluster_request(spec)
     except OSError as exc:
         remove_if_empty(created)
         full = disk_full(exc, spec.output.path)
@@ -128,16 +135,6 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
              retry_errors: str | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     t0 = time.time()
-    if dry_run:  # sized for the cluster when one is named, else for this machine
-        address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
-        if address:
-            init_ray(address)
-        plan = plan_job(spec, overwrite=overwrite, dry_run=True,
-                        resources=sizing.cluster_resources() if address else None)
-        console.print(f"engine: {plan.engine} ({plan.engine_reason})")
-        for line in plan.describe():
-            print(line)
-        return {"dry_run": True, "plan": plan.describe()}
     preflight(spec)  # before Ray starts: what would otherwise fail after minutes, or every row
     from fleetllm.batch import local_run
 
@@ -155,6 +152,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     if retry_errors is not None:
         rows = reopen_errors(plan, out, retry_errors)
         console.print(f"--retry-errors {retry_errors}: {rows} failed row(s) of the output are computed again")
+    estimate = run_estimate(plan, t0, console)
     planned_at = time.time()
     console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
                   f"{plan.in_flight} batch(es) in flight each")
@@ -163,7 +161,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
                       "the shards whose rows changed are computed again")
     out.remove_report()
     preprocessor = make_preprocessor(spec, plan.task, plan.engine)
-    progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console)
+    progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console,
+                           eta=estimate.eta if estimate is not None else None)
     totals = {"rows": 0, "errors": 0, "input_tokens": 0, "output_tokens": 0}
     ready_at: list[float] = []
     writer = shard_writer(spec.output.format)
@@ -176,6 +175,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     def commit(shard: Shard, table) -> None:
         nonlocal last_commit
         series.batch(table)
+        if estimate is not None:
+            estimate.observe(table)
         commit_started = time.time()
         entry = (commit_shard if shard.only_lines is None else commit_retried)(out, plan, shard, table, writer)
         series.commit(entry, commit_started)
@@ -223,11 +224,43 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit
+    if estimate is not None:
+        estimate.finish(report)  # run.json: the estimate at the start beside what happened; the profile learns
     writer.finalize(out, plan)
     out.write_report(report)
     rate = report["error_rate"]
     report["ok"] = max_error_rate is None or rate <= max_error_rate
     return report
+
+
+def run_estimate(plan, t0: float, console: Console) -> RunEstimate | None:
+    """compute.deadline applied to the plan (refused here, before any engine starts), and the estimate
+    the run keeps (generate jobs; fleetllm.batch.estimate_live)."""
+    if plan.task != "generate":
+        return None
+    shape = None
+    if plan.spec.compute.deadline:  # the deadline needs the job's tokens now; else made at the first commit
+        shape = job_shape(plan)
+        deadline = apply_deadline(plan, shape)
+        console.print(f"deadline: {deadline['why']}")
+    return RunEstimate(plan, t0, shape)
+
+
+def _dry_run(spec: JobSpec, *, overwrite: bool, console: Console, as_json: bool) -> dict[str, Any]:
+    """Sized for the cluster when one is named, else for this machine; deadline applied; the estimate."""
+    address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        init_ray(address)
+    plan = plan_job(spec, overwrite=overwrite, dry_run=True, resources=sizing.cluster_resources() if address else None)
+    shape = job_shape(plan) if plan.task == "generate" else None
+    deadline = apply_deadline(plan, shape)
+    est = estimate_plan(plan, shape) if shape is not None else None
+    lines = plan.describe() + (describe_estimate(est) if est else [])
+    if not as_json:
+        console.print(f"engine: {plan.engine} ({plan.engine_reason})")
+        for line in lines:
+            print(line)
+    return {"dry_run": True, "plan": lines, "replicas": plan.replicas, "estimate": est, "deadline": deadline}
 
 
 def preflight(spec: JobSpec) -> None:

@@ -7,6 +7,7 @@ without Ray. Every command runs with token authentication on (see fleetllm.clust
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -20,6 +21,8 @@ from typing import Callable
 
 from fleetllm.cluster.auth import Token, auth_env
 from fleetllm.errors import FleetError
+
+log = logging.getLogger("fleetllm.cluster")
 
 DEFAULT_GCS_PORT = 6379
 DEFAULT_RETRIES = 12
@@ -216,7 +219,7 @@ def run_ray(cmd: list[str], token: Token | None, timeout_s: float | None = None)
     code = proc.wait()
     reader.join(timeout=5)
     if timed_out:
-        print(f"`{' '.join(cmd[:3])} ...` did not finish within {timeout_s:g} s", file=sys.stderr)
+        log.warning("`%s ...` did not finish within %g s", " ".join(cmd[:3]), timeout_s)
     if refused.is_set():
         raise ClusterError(
             "the cluster refused this node's authentication token (InvalidAuthToken); use the head's token: "

@@ -175,6 +175,13 @@ def _add_jobs(sub: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=_cmd_status)
 
+    stop = sub.add_parser("stop", help="stop a submitted run (as `ray job stop`); what it committed stays")
+    stop.add_argument("run_id", help="the id printed by `fleetllm submit`")
+    _address_flags(stop)
+    stop.add_argument("--no-wait", action="store_true", help="return once asked, without waiting for STOPPED")
+    stop.add_argument("--timeout", type=cli_values.non_negative_float, default=60.0, help="seconds to wait for the run to stop (default 60)")
+    stop.set_defaults(handler=_cmd_stop_run)
+
     logs = sub.add_parser("logs", help="the output of a submitted run")
     logs.add_argument("run_id", help="the id printed by `fleetllm submit`")
     _address_flags(logs)
@@ -215,6 +222,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for key, value in info.items():
             if value is not None:
                 print(f"{key}: {value}")
+    return 0
+
+
+def _cmd_stop_run(args: argparse.Namespace) -> int:
+    from fleetllm.cluster import jobs
+
+    if not jobs.stop(args.run_id, args.address, args.token):
+        state = jobs.status(args.run_id, args.address, args.token)["status"]
+        print(f"{args.run_id}: already {state}")
+        return 0
+    if args.no_wait:
+        print(f"{args.run_id}: stop requested")
+        return 0
+    print(f"{args.run_id}: {jobs.wait_finished(args.run_id, args.address, args.timeout, args.token)}")
     return 0
 
 

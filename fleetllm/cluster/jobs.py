@@ -2,7 +2,8 @@
 
 `fleetllm submit job.yaml` uploads the working directory as the job's runtime_env working_dir and
 runs `python -m fleetllm run job.yaml` on the cluster; `fleetllm status` / `fleetllm logs` follow it by
-its submission id (the RUN_ID printed by submit).
+its submission id (the RUN_ID printed by submit), and `fleetllm stop RUN_ID` stops it as `ray job stop` does
+(what the run committed stays; running it again resumes).
 """
 
 from __future__ import annotations
@@ -127,6 +128,15 @@ def status(run_id: str, address: str | None, token: str | None = None) -> dict[s
         "end_time": info.end_time,
         "driver_exit_code": getattr(info, "driver_exit_code", None),
     }
+
+
+def stop(run_id: str, address: str | None, token: str | None = None) -> bool:
+    """Ask the cluster to stop the run (SIGTERM to its entrypoint, as `ray job stop`); False when it had ended."""
+    jobs = client(address, token)
+    try:
+        return bool(jobs.stop_job(run_id))
+    except Exception as exc:  # noqa: BLE001
+        raise JobsError(f"no run {run_id!r} on the cluster ({exc}); list runs with `ray job list`") from None
 
 
 def logs(run_id: str, address: str | None, token: str | None = None) -> str:

@@ -48,8 +48,13 @@ def _meta(name: str, opts: RenderOptions, labels: dict[str, str]) -> dict[str, A
     return meta
 
 
-def _base_labels(name: str, opts: RenderOptions) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "fleetllm", "app.kubernetes.io/instance": name, **opts.labels}
+def _base_labels(name: str, opts: RenderOptions, component: str) -> dict[str, str]:
+    """Kubernetes' recommended labels (app.kubernetes.io/*): kubectl, dashboards and tools select on them."""
+    from fleetllm import __version__
+
+    return {"app.kubernetes.io/name": "fleetllm", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "fleetllm",
+            "app.kubernetes.io/managed-by": "fleetllm", "app.kubernetes.io/version": __version__, **opts.labels}
 
 
 def worker_shape(gpus: int, cpus_per_replica: float, opts: RenderOptions) -> PodShape:
@@ -80,7 +85,7 @@ def render_job(job: JobSpec, spec_text: str, opts: RenderOptions, replicas: int 
             raise SpecError("compute.replicas is 'auto'; pass --replicas N to size the worker group on Kubernetes")
         replicas = int(job.compute.replicas)
     name = dns_name(job.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "job"}
+    labels = _base_labels(name, opts, "job")
     cm_name = f"{name}-spec"
     volumes, mounts = spec_volume(cm_name)
     shape = worker_shape(job_gpus_per_replica(job), job.compute.cpus_per_replica, opts)
@@ -169,7 +174,7 @@ def render_rayservice(view: ServeView, opts: RenderOptions, env: list[dict[str, 
     """A RayService whose cluster has one worker group per served model (one pod per replica); `env`:
     the head's and workers' env entries (Secret references)."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     autoscale = any(m.min_replicas != m.max_replicas for m in view.models)
     return {
         "apiVersion": "ray.io/v1",
@@ -187,7 +192,7 @@ def render_rayservice(view: ServeView, opts: RenderOptions, env: list[dict[str, 
 def render_service(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
     """A ClusterIP Service in front of the RayService's serving pods (port 8000, OpenAI API)."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -208,7 +213,7 @@ def render_httproute(
     """A Gateway API HTTPRoute with one rule per model, matched on the `model` header (which the
     gateway, e.g. AIBrix's, fills from the request body), all sent to `service`."""
     name = dns_name(view.name)
-    labels = {**_base_labels(name, opts), "fleetllm.io/kind": "serve"}
+    labels = _base_labels(name, opts, "serve")
     rules = [
         {
             "matches": [
@@ -246,7 +251,7 @@ def render_fleet(
     out: list[dict[str, Any]] = []
     for model in view.models:
         name = dns_name(f"{view.name}-{model.model_id}")
-        labels = {**_base_labels(name, opts), "fleetllm.io/kind": "fleet", "model.aibrix.ai/name": model.model_id}
+        labels = {**_base_labels(name, opts, "fleet"), "model.aibrix.ai/name": model.model_id}
         cm_name = f"{name}-spec"
         volumes, mounts = spec_volume(cm_name)
         pod_env = token_env(f"{name}-ray-token") + list(env or [])
@@ -306,7 +311,7 @@ def render_spec_file(
     data = load_yaml(path)
     if is_serve_spec(data):
         name = dns_name(load_serve_spec(path).name)  # the loader `fleetllm serve` uses
-        data, secured = secure(data, name, _base_labels(name, opts), opts.namespace, serve=True)
+        data, secured = secure(data, name, _base_labels(name, opts, "serve"), opts.namespace, serve=True)
         view = serve_view(data, str(path))
         if fleet:
             return secured.manifests(render_fleet(view, opts, env=secured.env, **fleet_kwargs))
@@ -316,7 +321,7 @@ def render_spec_file(
     if fleet:
         raise SpecError(f"{path} is a job spec; --fleet renders serve specs (a YAML with `models:`)")
     name = dns_name(parse_spec(JobSpec, data, str(path)).name)
-    data, secured = secure(data, name, _base_labels(name, opts), opts.namespace, serve=False)
+    data, secured = secure(data, name, _base_labels(name, opts, "job"), opts.namespace, serve=False)
     job = parse_spec(JobSpec, data, str(path))
     text = yaml.safe_dump(data, sort_keys=False) if secured.moved else Path(path).read_text()  # values removed
     return secured.manifests(render_job(job, text, opts, replicas=replicas, env=secured.env))

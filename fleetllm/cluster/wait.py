@@ -142,3 +142,15 @@ def wait_for_resources(
     finally:
         if connected_here:
             ray.shutdown()
+
+
+def request_from_autoscaler(need: dict[str, float]) -> None:
+    """Ask an autoscaling cluster for what the job waits for (ray.autoscaler.sdk.request_resources: a
+    standing request, so the autoscaler starts nodes instead of waiting for tasks to queue); a cluster
+    without an autoscaler keeps it unread. `need={}` withdraws it."""
+    import math
+
+    from ray.autoscaler.sdk import request_resources
+
+    cpus = math.ceil(need.get("CPU", 0))
+    request_resources(num_cpus=cpus, bundles=[{"GPU": 1.0}] * math.ceil(need.get("GPU", 0)))

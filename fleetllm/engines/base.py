@@ -34,6 +34,8 @@ class GenerationRequest:
     # At most one structured-output constraint (fleetllm.structured). `response_format` or
     # `structured_outputs` given in `sampling` move here, so engines never see them as sampling keys.
     structured: StructuredOutput | None = None
+    # Scheduling priority in a serving engine: lower runs first (vLLM's order); Batch API rows get 1.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:

@@ -9,7 +9,6 @@ batches of `max_batch_size`.
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -17,7 +16,8 @@ from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult, Engine, Gen
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
 from fleetllm.errors import EngineError, RowError
 
-KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "max_model_len")
+KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "max_model_len",
+                "revision")
 
 
 class TransformersEmbedEngine(Engine):
@@ -27,6 +27,7 @@ class TransformersEmbedEngine(Engine):
     def start(self) -> None:
         import torch
 
+        from fleetllm.engines.threads import apply_cpu_threads
         from fleetllm.engines.vllm_kwargs import for_transformers
 
         kw = for_transformers(self.engine_kwargs)
@@ -36,13 +37,11 @@ class TransformersEmbedEngine(Engine):
             raise EngineError(f"engine_kwargs {unknown} are not settings of the transformers embedding engine; "
                               f"known: {list(KNOWN_KWARGS)}")
         device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = kw.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        apply_cpu_threads(torch, device, kw.get("num_threads"))
         try:
             from sentence_transformers import SentenceTransformer
 
-            self.model = SentenceTransformer(self.model_path, device=device,
+            self.model = SentenceTransformer(self.model_path, device=device, revision=kw.get("revision"),
                                              trust_remote_code=bool(kw.get("trust_remote_code", False)))
         except (OSError, ValueError, ImportError) as exc:
             raise EngineError(f"sentence-transformers could not load {self.model_path!r}: {exc}") from exc

@@ -8,7 +8,6 @@ settings generated together): measured faster than transformers' continuous batc
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import Any, AsyncIterator
 
@@ -44,9 +43,9 @@ class TransformersEngine(Engine):
         kwargs = vllm_kwargs.for_transformers(self.engine_kwargs)
         own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
         device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        threads = own.get("num_threads") or int(os.environ.get("FLEETLLM_NUM_THREADS", 0))
-        if device == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        from fleetllm.engines.threads import apply_cpu_threads
+
+        apply_cpu_threads(torch, device, own.get("num_threads"))
         dtype_name = own.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
         dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):
@@ -55,11 +54,12 @@ class TransformersEngine(Engine):
         if load_format not in LOAD_FORMATS:
             raise EngineError(f"engine_kwargs.load_format {load_format!r} is not one of {LOAD_FORMATS}")
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+            hub = {k: kwargs[k] for k in ("trust_remote_code", "revision") if k in kwargs}  # a hub model's commit
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, **hub)
             if load_format == "dummy":  # a folder with config.json only: real shapes, random weights (benchmarks)
                 from transformers import AutoConfig
 
-                config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=kwargs.get("trust_remote_code", False))
+                config = AutoConfig.from_pretrained(self.model_path, **hub)
                 with torch.device(device):
                     self.model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             else:
@@ -240,7 +240,7 @@ class TransformersEngine(Engine):
             pad_token_id=tok.pad_token_id,
             num_return_sequences=n,
             return_dict_in_generate=True,
-            output_scores=sampling.get("logprobs") is not None,
+            output_logits=sampling.get("logprobs") is not None,  # raw: before penalties, temperature, top-k
         )
         if temperature > 0:
             gen_kwargs.update(do_sample=True, temperature=temperature,
@@ -272,7 +272,7 @@ class TransformersEngine(Engine):
             for j in range(n):
                 tokens = sequences[row * n + j]
                 completions.append(self._completion(tokens, limits[row], eos_ids, row_sampling, j,
-                                                    out.scores if gen_kwargs["output_scores"] else None,
+                                                    out.logits if gen_kwargs["output_logits"] else None,
                                                     row * n + j))
             results.append(GenerationResult(completions=completions, num_input_tokens=len(ids)))
         return results
@@ -283,7 +283,7 @@ class TransformersEngine(Engine):
             eos = self.tokenizer.eos_token_id
         return set(eos if isinstance(eos, list) else [eos])
 
-    def _completion(self, tokens, limit, eos_ids, sampling, index, scores, seq_row) -> Completion:
+    def _completion(self, tokens, limit, eos_ids, sampling, index, logits, seq_row) -> Completion:
         pad = self.tokenizer.pad_token_id
         finish = "length"
         kept: list[int] = []
@@ -302,21 +302,14 @@ class TransformersEngine(Engine):
             if cut >= 0:
                 text, finish = text[:cut], "stop"
         logprobs = None
-        if scores is not None:
-            logprobs = self._logprobs(scores, seq_row, kept, int(sampling["logprobs"]))
+        if logits is not None:
+            logprobs = self._logprobs(logits, seq_row, kept, int(sampling["logprobs"]))
         return Completion(text=text, num_generated_tokens=len(kept), finish_reason=finish,
                           index=index, logprobs=logprobs)
 
-    def _logprobs(self, scores, seq_row, kept, top) -> list[dict[str, Any]]:
+    def _logprobs(self, logits, seq_row, kept, top) -> list[dict[str, Any]]:
+        from fleetllm.engines.transformers_logits import logprob_entry
+
         torch = self.torch
-        entries = []
-        for step, token in enumerate(kept):
-            logp = torch.log_softmax(scores[step][seq_row].float(), dim=-1)
-            entry = {"token": self.tokenizer.decode([token]), "logprob": float(logp[token])}
-            if top:
-                values, ids = torch.topk(logp, top)
-                entry["top_logprobs"] = [
-                    {"token": self.tokenizer.decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)
-                ]
-            entries.append(entry)
-        return entries
+        return [logprob_entry(self.tokenizer, torch, torch.log_softmax(logits[step][seq_row].float(), dim=-1),
+                              token, top) for step, token in enumerate(kept)]

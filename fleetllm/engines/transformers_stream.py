@@ -4,8 +4,8 @@ Concurrent `generate_stream` calls do not run one at a time: each call tokenizes
 drops it into an inbox; one background thread gathers what is waiting (up to `max_batch_size` rows,
 waiting `batch_wait_s` for stragglers), groups rows with equal sampling settings and runs one padded
 `model.generate` per group. A per-step hook (a `StoppingCriteria`, which transformers calls once per
-decoding step with the whole `(batch, seq)` tensor) decodes each row's new token, applies stop
-strings and per-row `max_tokens`, and marks finished rows done; the step's text deltas are handed
+decoding step with the whole `(batch, seq)` tensor) decodes each row's new token incrementally
+(fleetllm.engines.stream_text: tokenizers' DecodeStream), applies stop strings and per-row `max_tokens`, and marks finished rows done; the step's text deltas are handed
 to the requests' asyncio queues together (one wake-up per event loop and step, not one per row). A
 request whose consumer went away (client disconnect: the async generator is closed or cancelled) is
 flagged; its rows are marked done at the next step, so the engine stops generating for it, and the
@@ -29,6 +29,8 @@ from typing import Any, AsyncIterator, Protocol
 
 from fleetllm.engines.base import GenerationRequest, StreamDelta
 from fleetllm.engines.chat import prompt_chars
+from fleetllm.engines.stream_text import RowText
+from fleetllm.engines.transformers_logits import logprob_entry
 from fleetllm.errors import EngineError, RequestFailed, RowError
 
 
@@ -74,6 +76,7 @@ class StreamRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     generated: int = 0  # tokens generated for this request so far (all of its n rows)
     grammar: Any = None  # the compiled xgrammar grammar of its structured-output constraint, if any
+    priority: int = 0  # lower is gathered first (GenerationRequest.priority)
 
     @property
     def key(self) -> tuple:
@@ -93,10 +96,8 @@ class _Row:
     req: StreamRequest
     index: int
     limit: int
-    tokens: list[int] = field(default_factory=list)
-    sent: str = ""
+    text: RowText
     done: bool = False
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -121,7 +122,8 @@ class StreamBatcher:
         self.batch_wait_s = float(batch_wait_s)
         self.stats = BatcherStats()
         self._stats_lock = threading.Lock()
-        self._inbox: queue.Queue[StreamRequest | None] = queue.Queue()
+        # ordered by (priority, arrival): a waiting interactive request is gathered before waiting batch rows
+        self._inbox: queue.PriorityQueue[tuple[int, int, StreamRequest | None]] = queue.PriorityQueue()
         self._ids = itertools.count()
         self._outbox: list[tuple[StreamRequest, Any]] = []  # this step's deltas, handed over together
         self._closed = False
@@ -135,7 +137,7 @@ class StreamBatcher:
 
     def close(self) -> None:
         self._closed = True
-        self._inbox.put(None)
+        self._put(None)
         self._thread.join(timeout=30)
 
     # --- the caller's side (asyncio) -------------------------------------------------------
@@ -151,11 +153,16 @@ class StreamBatcher:
         if sampling["n"] > self.max_batch_size:
             raise RowError(f"n={sampling['n']} exceeds the engine's max_batch_size {self.max_batch_size}")
         req = StreamRequest(request.request_id or f"s{next(self._ids)}", ids, sampling,
-                            asyncio.get_running_loop(), asyncio.Queue(), grammar=grammar)
+                            asyncio.get_running_loop(), asyncio.Queue(), grammar=grammar, priority=request.priority)
         with self._stats_lock:
             self.stats.queued += 1
-        self._inbox.put(req)
+        self._put(req)
         return req
+
+    def _put(self, req: StreamRequest | None, order: int | None = None) -> None:
+        """Enqueue by (priority, arrival order); `order` keeps a request's place when it is put back."""
+        priority = -1 if req is None else req.priority  # close() wakes the loop first
+        self._inbox.put((priority, next(self._ids) if order is None else order, req))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         prepared = None
@@ -196,12 +203,12 @@ class StreamBatcher:
         except BaseException as exc:  # noqa: BLE001 - a dead loop must fail pending requests, not hang them
             self.error = exc
             while not self._inbox.empty():
-                req = self._inbox.get_nowait()
+                req = self._inbox.get_nowait()[2]
                 if req is not None:
                     req.push(EngineError(f"the engine failed: {exc}"))
 
     def _gather(self) -> list[StreamRequest] | None:
-        first = self._inbox.get()
+        first = self._inbox.get()[2]
         if first is None:
             return None
         batch, rows = [first], first.sampling["n"]
@@ -210,13 +217,15 @@ class StreamBatcher:
         while rows < self.max_batch_size:
             timeout = min(self.batch_wait_s, cap - time.monotonic())
             try:
-                nxt = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+                entry = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             except queue.Empty:
                 break
+            nxt = entry[2]
             if nxt is None:
+                self._inbox.put(entry)  # close(): seen by the next _gather
                 break
             if rows + nxt.sampling["n"] > self.max_batch_size:
-                self._inbox.put(nxt)  # next batch
+                self._inbox.put(entry)  # next batch, in its place
                 break
             batch.append(nxt)
             rows += nxt.sampling["n"]
@@ -235,13 +244,14 @@ class StreamBatcher:
         engine = self.engine
         torch = engine.torch
         tok = engine.tokenizer
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
         members.sort(key=lambda r: len(r.ids))
         sampling = members[0].sampling
         n = sampling["n"]
         context = engine.max_model_len
-        rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)))
+        rows = [_Row(req, j, min(req.sampling["max_tokens"], context - len(req.ids)),
+                     RowText(tok, list(req.sampling.get("stop") or [])))
                 for req in members for j in range(n)]
         eos_ids = set() if sampling.get("ignore_eos") else engine.eos_ids()
         want_logprobs = sampling.get("logprobs") is not None
@@ -258,17 +268,15 @@ class StreamBatcher:
                 batcher._flush()
                 return torch.tensor([r.done for r in rows], dtype=torch.bool, device=input_ids.device)
 
-        class RecordLogprobs(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                step_logprobs.append(torch.log_softmax(scores.float(), dim=-1))
-                return scores
+        def record_logprobs(module, args, kwargs, output):  # the model's raw logits: before any processor
+            step_logprobs.append(torch.log_softmax(output.logits[:, -1].float(), dim=-1))
 
         batch = tok.pad({"input_ids": [r.ids for r in members]}, return_tensors="pt").to(engine.device)
         gen_kwargs: dict[str, Any] = dict(
             max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
-        processors = [RecordLogprobs()] if want_logprobs else []  # logprobs of the model, before any grammar
+        processors = []
         grammars = [r.req.grammar for r in rows]  # each row follows its own request's grammar (or none)
         if any(g is not None for g in grammars):
             from fleetllm.engines.grammar import GrammarLogitsProcessor
@@ -282,17 +290,17 @@ class StreamBatcher:
                               top_k=int(sampling.get("top_k") or 0))
         else:
             gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        extra = engine.generate_kwargs(sampling, batch["input_ids"].shape[1])
-        if "logits_processor" in extra and want_logprobs:  # the penalties first, then the record of logprobs
-            extra["logits_processor"].append(RecordLogprobs())
-        gen_kwargs.update(extra)
+        gen_kwargs.update(engine.generate_kwargs(sampling, batch["input_ids"].shape[1]))
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
         self.stats.running += len(members)
         self.stats.batches += 1
         self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
+        hook = None
         try:
             with engine.generate_lock, torch.inference_mode():
+                if want_logprobs:  # raw logprobs, as vLLM and OpenAI give: before penalties, temperature, top-k
+                    hook = engine.model.register_forward_hook(record_logprobs, with_kwargs=True)
                 if sampling.get("seed") is not None:
                     torch.manual_seed(int(sampling["seed"]))
                 engine.model.generate(**batch, **gen_kwargs)
@@ -300,6 +308,8 @@ class StreamBatcher:
             for req in members:
                 req.push(RequestFailed(f"generation failed: {type(exc).__name__}: {exc}"))
         finally:
+            if hook is not None:
+                hook.remove()
             self.stats.running -= len(members)
         for row in rows:  # rows the loop never finished (e.g. generate stopped early)
             if not row.done:
@@ -324,32 +334,17 @@ class StreamBatcher:
             self.stats.generated_tokens += 1
             self._finish(row, "stop", extra_tokens=1)
             return
-        row.tokens.append(token)
         req.generated += 1
         self.stats.generated_tokens += 1
         entry = None
         if logp is not None:
-            entry = self._logprob_entry(token, logp, int(req.sampling["logprobs"]))
-            row.logprobs.append(entry)
-        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        stops = req.sampling.get("stop") or []
-        finish = None
-        for s in stops:
-            cut = text.find(s)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
-        if finish is None and len(row.tokens) >= row.limit:
-            finish = "length"
-        if finish is None:
-            safe = len(text) - _held_back(text, stops)
-            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-                safe = min(safe, len(text) - 1)
-            text = text[:max(safe, len(row.sent))]
-        delta = text[len(row.sent):]
-        row.sent = text
+            entry = logprob_entry(self.engine.tokenizer, self.engine.torch, logp, token, int(req.sampling["logprobs"]))
+        last = len(row.text.tokens) + 1 >= row.limit
+        delta, stopped = row.text.add(token, last)
+        finish = "stop" if stopped else "length" if last else None
         if finish is not None:
             row.done = True
-        self._outbox.append((req, StreamDelta(index=row.index, text=delta, num_generated_tokens=len(row.tokens),
+        self._outbox.append((req, StreamDelta(index=row.index, text=delta, num_generated_tokens=len(row.text.tokens),
                                               finish_reason=finish, num_input_tokens=len(req.ids),
                                               logprobs=[entry] if entry is not None else None)))
 
@@ -364,32 +359,7 @@ class StreamBatcher:
 
     def _finish(self, row: _Row, reason: str, extra_tokens: int = 0) -> None:
         row.done = True
-        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        for s in row.req.sampling.get("stop") or []:
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
         self._outbox.append((row.req, StreamDelta(
-            index=row.index, text=text[len(row.sent):], num_generated_tokens=len(row.tokens) + extra_tokens,
+            index=row.index, text=row.text.finish(), num_generated_tokens=len(row.text.tokens) + extra_tokens,
             finish_reason=reason,
             num_input_tokens=len(row.req.ids))))
-        row.sent = text
-
-    def _logprob_entry(self, token: int, logp: Any, top: int) -> dict[str, Any]:
-        decode = self.engine.tokenizer.decode
-        entry: dict[str, Any] = {"token": decode([token]), "logprob": float(logp[token])}
-        if top:
-            values, ids = self.engine.torch.topk(logp, top)
-            entry["top_logprobs"] = [{"token": decode([int(t)]), "logprob": float(v)} for v, t in zip(values, ids)]
-        return entry
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """How many trailing characters could still grow into a stop string (not streamed yet)."""
-    held = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                held = max(held, k)
-                break
-    return held

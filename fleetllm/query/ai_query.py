@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 from fleetllm.errors import SpecError
@@ -150,7 +151,7 @@ def ai_query(
     *,
     prompt_col: str | None = None,
     messages_col: str | None = None,
-    base_url: str,
+    base_url: str | None = None,
     api_key: str | None = None,
     output_col: str = "generated_text",
     options: dict[str, Any] | None = None,
@@ -170,7 +171,7 @@ def ai_query(
         model: the served model id (as the endpoint's /v1/models lists it).
         prompt_col: column of prompt text, sent as one user message (give this or messages_col).
         messages_col: column of chat messages (lists of {role, content}).
-        base_url: the endpoint root, e.g. "http://127.0.0.1:8000/v1".
+        base_url: the endpoint root, e.g. "http://127.0.0.1:8000/v1" (default: $OPENAI_BASE_URL).
         api_key: the API key (default: $OPENAI_API_KEY, else none).
         output_col: the new column, a struct of content, finish_reason, usage (prompt_tokens,
             completion_tokens), error (None on success) and attempts (HTTP attempts made).
@@ -189,6 +190,7 @@ def ai_query(
         A lazy Ray Dataset with the input columns and `output_col`. No row is dropped.
     """
     options = dict(options or {})
+    base_url = base_url or os.environ.get("OPENAI_BASE_URL")
     _check_task(task, messages_col, options)
     _check_arguments(ds, model, prompt_col, messages_col, output_col, options, concurrency, batch_size,
                      max_retries, base_url)
@@ -237,7 +239,8 @@ def _check_arguments(ds, model, prompt_col, messages_col, output_col, options, c
     if not isinstance(model, str) or not model:
         raise SpecError(f"model must be the served model id (a non-empty string); got {model!r}")
     if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise SpecError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1; got {base_url!r}")
+        raise SpecError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1 (or set $OPENAI_BASE_URL); "
+                        f"got {base_url!r}")
     for name, value, least in (("concurrency", concurrency, 1), ("batch_size", batch_size, 1),
                                ("max_retries", max_retries, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:

@@ -1,7 +1,7 @@
 """`fleetllm query SPEC.yaml`: a job spec run against an OpenAI-compatible endpoint.
 
 The same job spec, runner and output folder as `fleetllm run` (shards, atomic commits, resume,
-progress, run.json): `query` only defaults `model.engine` to `openai` and refuses other engines.
+progress, the run record): `query` only defaults `model.engine` to `openai` and refuses other engines.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a run report is drawn from: OUT/run.json (with its series), the manifest, and the committed
+"""What a run report is drawn from: the run record (OUT/_SUCCESS, run.json before) with its series, the
 data files' token counts and errors (read column by column, shard by shard)."""
 
 from __future__ import annotations
@@ -35,13 +35,14 @@ def error_kind(message: str) -> str:
 
 
 def load(out_path: str) -> ReportData:
+    from fleetllm.batch.commit import OutputFolder, read_run_record  # the commit protocol's own readers
+
     fs, root = fsspec.core.url_to_fs(out_path)
-    run_json = posixpath.join(root, "run.json")
-    if not fs.exists(run_json):
-        raise InputError(f"{out_path!r} has no run.json; give the output folder of a finished `fleetllm run`")
-    run = json.loads(fs.cat(run_json))
+    run = read_run_record(out_path)
+    if run is None:
+        raise InputError(f"{out_path!r} has no run record (_SUCCESS, or run.json of earlier versions); "
+                         "give the output folder of a finished `fleetllm run`")
     data = ReportData(run)
-    from fleetllm.batch.commit import OutputFolder  # the commit protocol's own reader (old manifests too)
 
     fmt = ((run.get("spec") or {}).get("output") or {}).get("format", "parquet")
     entries = [vars(e) for e in OutputFolder(out_path, fmt).read_commits().values()]

@@ -1,4 +1,4 @@
-"""`fleetllm report OUT`: OUT/report.html, one self-contained page (charts as inline SVG drawn with
+"""`fleetllm report OUT`: OUT/_fleetllm/report.html, one self-contained page (charts as inline SVG drawn with
 matplotlib): throughput over time, where the time went, input/output token lengths, errors by kind
 with sample rows, and each replica's and node's share of the rows."""
 
@@ -144,7 +144,7 @@ def render(data: ReportData) -> str:
     ]
     figures = "".join(f'<figure class=chart data-chart="{name}">{svg}</figure>' for name, svg in charts if svg)
     missing = [name for name, svg in charts if not svg]
-    note = (f"<p class=note>Not recorded for this run: {', '.join(missing)} (older run.json, or no rows).</p>"
+    note = (f"<p class=note>Not recorded for this run: {', '.join(missing)} (older run record, or no rows).</p>"
             if missing else "")
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>fleetllm report: {html.escape(str(run.get('name')))}</title>
@@ -166,10 +166,13 @@ figure.chart svg {{ max-width: 100%; height: auto; }} .note {{ color: #777; }}
 
 
 def write_report(out_path: str) -> str:
-    """Write OUT/report.html; returns its location."""
+    """Write OUT/_fleetllm/report.html (where readers of the folder skip it, and a resume knows it);
+    returns its location."""
+    from fleetllm.batch.commit import META, REPORT_PAGE
+
     page = render(load(out_path))
     fs, root = fsspec.core.url_to_fs(out_path)
-    target = posixpath.join(root, "report.html")
+    target = posixpath.join(root, META, REPORT_PAGE)
     with fs.open(target, "w") as fh:
         fh.write(page)
-    return out_path.rstrip("/") + "/report.html"
+    return f"{out_path.rstrip('/')}/{META}/{REPORT_PAGE}"

@@ -17,7 +17,7 @@ from typing import Any
 
 _LAZY = {
     "LLMConfig": "fleetllm.serve.spec",
-    "ModelLoadingConfig": "fleetllm.serve.spec",
+    "ModelLoadingConfig": "fleetllm.serve.spec",  # as ray.serve.llm exports it
     "LLMServingArgs": "fleetllm.serve.ray_names",
     "build_llm_deployment": "fleetllm.serve.ray_builders",
     "LLMServer": "fleetllm.serve.deployments",

@@ -5,10 +5,13 @@ its replica over DeploymentHandles, and tests build it in-process over `LocalBac
 through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
 POST /v1/embeddings (fleetllm.engines.openai_embeddings), GET /v1/models, GET /health, GET /metrics. A model
 serves one task: an embedding model refuses chat and completions with a 400, and the others embeddings.
+With a batch store, OpenAI's /v1/files and /v1/batches too (fleetllm.serve.batch_routes); a request carrying
+the header x-fleetllm-batch is a Batch API row: engine priority 1 (interactive 0), its own metric series.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -21,9 +24,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fleetllm.batches.store import BATCH_HEADER
 from fleetllm.serve.backend import Backend, raise_item_error
 from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
+from fleetllm.serve.vllm_metrics import gather
 from fleetllm.unicode_text import lone_surrogate, lone_surrogate_in_json, refusal
 from fleetllm.serve.protocol import (
     APIError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
@@ -32,8 +37,13 @@ from fleetllm.serve.protocol import (
 )
 
 
-def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: ServeMetrics | None = None):
-    """Build the FastAPI app serving `backends` (model_id -> backend)."""
+BATCH_PRIORITY = 1
+
+
+def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: ServeMetrics | None = None,
+             batch_store: str | None = None):
+    """Build the FastAPI app serving `backends` (model_id -> backend); with `batch_store` (a folder or
+    object-store URL) also OpenAI's /v1/files and /v1/batches (fleetllm.serve.batch_routes)."""
 
     app = FastAPI(title="fleetllm OpenAI-compatible API", docs_url=None, redoc_url=None)
     metrics = metrics or ServeMetrics()
@@ -103,6 +113,12 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
                            type="not_found_error", param="model", code="model_not_found")
         return model, backends[model]
 
+    if batch_store is not None:
+        from fleetllm.batches.store import BatchStore
+        from fleetllm.serve.batch_routes import add_batch_routes
+
+        add_batch_routes(app, BatchStore(batch_store), check_key)
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         check_key(request)
@@ -126,6 +142,9 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
                 continue
             if stats is not None:  # None: replicas too busy to answer now; keep the last values
                 metrics.set_engine(m, stats)
+            # vLLM's metrics of every replica (published to Ray), else of the one that answered
+            published = await asyncio.to_thread(gather, m)
+            metrics.set_vllm(m, published or ([stats["vllm_metrics"]] if stats and "vllm_metrics" in stats else None))
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 
@@ -145,33 +164,35 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
         model_label = "unknown"
+        ms = metrics.of(is_batch(request))
         try:
             check_key(request)
             req = await parse(request, EmbeddingsRequest)
             model_label, backend = pick(req.model)
             check_task(model_label, backend, "embed", "/v1/embeddings")
             t0 = time.monotonic()
-            metrics.in_flight.labels(model_label).inc()
+            ms.in_flight.labels(model_label).inc()
             try:
                 out = await backend.embed({"items": req.items(), "dimensions": req.dimensions,
-                                           "request_id": new_id("emb")})
+                                           "request_id": new_id("emb"), "priority": priority_of(request)})
             finally:
-                metrics.in_flight.labels(model_label).dec()
+                ms.in_flight.labels(model_label).dec()
             if "error" in out:
                 raise_item_error([out])
-            metrics.latency.labels(model_label).observe(time.monotonic() - t0)
-            metrics.requests.labels(model_label, "embeddings", "200").inc()
-            metrics.prompt_tokens.labels(model_label).inc(out["prompt_tokens"])
+            ms.latency.labels(model_label).observe(time.monotonic() - t0)
+            ms.requests.labels(model_label, "embeddings", "200").inc()
+            ms.prompt_tokens.labels(model_label).inc(out["prompt_tokens"])
             return JSONResponse(embeddings_response(model_label, out["vectors"], out["prompt_tokens"],
                                                     req.encoding_format))
         except APIError as exc:
             if exc.status == 400 and "dimensions" in exc.message and exc.param is None:
                 exc.param = "dimensions"
-            metrics.requests.labels(model_label, "embeddings", str(exc.status)).inc()
+            ms.requests.labels(model_label, "embeddings", str(exc.status)).inc()
             return error_response(exc)
 
     async def serve_request(request: Request, endpoint: str):
         model_label = "unknown"
+        ms = metrics.of(is_batch(request))
         try:
             check_key(request)
             req = await parse(request, ChatCompletionRequest if endpoint == "chat" else CompletionRequest)
@@ -180,15 +201,16 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
                        "/v1/chat/completions" if endpoint == "chat" else "/v1/completions")
             with not_too_deep():  # a deep value in a field the engine reads (response_format, extras)
                 payload = build_payload(req, endpoint)
-            return await run(req, endpoint, model_label, backend, payload)
+            payload["priority"] = priority_of(request)
+            return await run(req, endpoint, model_label, backend, payload, ms)
         except APIError as exc:
-            metrics.requests.labels(model_label, endpoint, str(exc.status)).inc()
+            ms.requests.labels(model_label, endpoint, str(exc.status)).inc()
             return error_response(exc)
 
-    async def run(req, endpoint: str, model: str, backend: Backend, payload: dict[str, Any]):
+    async def run(req, endpoint: str, model: str, backend: Backend, payload: dict[str, Any], ms):
         t0 = time.monotonic()
         stream = backend.stream(payload)
-        metrics.in_flight.labels(model).inc()
+        ms.in_flight.labels(model).inc()
         done = False
         try:
             try:
@@ -196,12 +218,12 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             except StopAsyncIteration:
                 raise APIError(500, "the engine returned no output", type="server_error") from None
             raise_item_error(first)
-            metrics.ttft.labels(model).observe(time.monotonic() - t0)
+            ms.ttft.labels(model).observe(time.monotonic() - t0)
             replica = first[0].get("replica") if first else None  # which replica answers
             headers = {"x-fleetllm-replica": str(replica)} if replica else {}
             if req.stream:
                 done = True  # the generator below owns the stream from here
-                return StreamingResponse(sse(req, endpoint, model, first, stream, t0),
+                return StreamingResponse(sse(req, endpoint, model, first, stream, t0, ms),
                                          media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", **headers})
             acc = Accumulator(req.n)
@@ -209,21 +231,21 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             async for items in stream:
                 raise_item_error(items)
                 acc.add(items)
-            metrics.latency.labels(model).observe(time.monotonic() - t0)
-            record_usage(model, endpoint, acc)
+            ms.latency.labels(model).observe(time.monotonic() - t0)
+            record_usage(model, endpoint, acc, ms)
             return JSONResponse(acc.response(req, endpoint, model, payload.get("prompt", "")).model_dump(
                 exclude_none=True), headers=headers)
         finally:
             if not done:
-                metrics.in_flight.labels(model).dec()
+                ms.in_flight.labels(model).dec()
                 await stream.aclose()
 
-    def record_usage(model: str, endpoint: str, acc: "Accumulator") -> None:
-        metrics.requests.labels(model, endpoint, "200").inc()
-        metrics.prompt_tokens.labels(model).inc(acc.prompt_tokens)
-        metrics.output_tokens.labels(model).inc(acc.completion_tokens)
+    def record_usage(model: str, endpoint: str, acc: "Accumulator", ms) -> None:
+        ms.requests.labels(model, endpoint, "200").inc()
+        ms.prompt_tokens.labels(model).inc(acc.prompt_tokens)
+        ms.output_tokens.labels(model).inc(acc.completion_tokens)
 
-    async def sse(req, endpoint: str, model: str, first: list[dict], stream: AsyncIterator, t0: float):
+    async def sse(req, endpoint: str, model: str, first: list[dict], stream: AsyncIterator, t0: float, ms):
         rid = new_id("chatcmpl" if endpoint == "chat" else "cmpl")
         acc = Accumulator(req.n)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -250,10 +272,10 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         except APIError as exc:  # failed mid-stream: an error event, then the end
             yield f"data: {json.dumps(exc.body())}\n\n"
         finally:
-            metrics.in_flight.labels(model).dec()
+            ms.in_flight.labels(model).dec()
             await stream.aclose()
-        metrics.latency.labels(model).observe(time.monotonic() - t0)
-        record_usage(model, endpoint, acc)
+        ms.latency.labels(model).observe(time.monotonic() - t0)
+        record_usage(model, endpoint, acc, ms)
         if include_usage:
             usage = Usage.of(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
             cls = ChatCompletionChunk if endpoint == "chat" else CompletionResponse
@@ -261,6 +283,16 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         yield "data: [DONE]\n\n"
 
     return app
+
+
+def is_batch(request: Request) -> bool:
+    """A Batch API row (the batch service marks its requests with the batch's id)."""
+    return bool(request.headers.get(BATCH_HEADER))
+
+
+def priority_of(request: Request) -> int:
+    """The engine priority of a request (lower runs first, as vLLM orders them): batch rows after interactive."""
+    return BATCH_PRIORITY if is_batch(request) else 0
 
 
 @contextlib.contextmanager

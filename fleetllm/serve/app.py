@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from typing import Any, get_args
 
+from fleetllm.serve.deployments import RETRY_AFTER_S, deployment_name
 from fleetllm.serve.spec import LLMConfig
 
-from fleetllm.serve.deployments import RETRY_AFTER_S, deployment_name
 log = logging.getLogger("fleetllm.serve")
 
 
@@ -40,7 +40,9 @@ def build_openai_app(builder_config: dict[str, Any]):
     Args:
         builder_config: {"llm_configs": [LLMConfig | dict, ...], "api_key": str | None,
             "ingress": "auto" | "direct" | "separate" (default auto: direct for one model with the default
-            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front)}.
+            routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front),
+            "batch_store": a folder or object-store URL: serve /v1/files and /v1/batches over it (the batches
+            run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one)}.
 
     Returns:
         A bound Ray Serve application; start it with `ray.serve.run(app)`.
@@ -59,10 +61,11 @@ def build_openai_app(builder_config: dict[str, Any]):
     from fleetllm.serve.spec import IngressMode, choose_ingress
 
     builder_config = serving_args(builder_config)  # Ray's LLMServingArgs too
-    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress"})
+    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
-                        "ingress)")
+                        "ingress, batch_store)")
+    batch_store = builder_config.get("batch_store")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
             check_api_key(builder_config["api_key"], "build_openai_app: api_key")
@@ -90,7 +93,8 @@ def build_openai_app(builder_config: dict[str, Any]):
         return direct_deployment().options(
             name=deployment_name(cfg.model_id),
             backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
-            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S)
+            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
+                                        batch_store)
     from fleetllm.serve import deployments
 
     LLMServer, OpenAIIngress = _deployments()
@@ -103,4 +107,4 @@ def build_openai_app(builder_config: dict[str, Any]):
             opts["request_router_config"] = router_config(opts["max_ongoing_requests"])
         handles[cfg.model_id] = LLMServer.options(**opts).bind(cfg.model_dump())
     front = OpenAIIngress.options(**deployments.OpenAiIngress.get_deployment_options(configs))
-    return front.bind(handles, builder_config.get("api_key"))
+    return front.bind(handles, builder_config.get("api_key"), batch_store)

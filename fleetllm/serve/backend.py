@@ -68,6 +68,8 @@ class ModelServer:
             kwargs = dict(config.engine_kwargs)
             if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
+            if name == "vllm" and self.task == "generate":  # interactive requests before Batch API rows
+                kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
             if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
@@ -81,6 +83,24 @@ class ModelServer:
         self.fatal: str | None = None
         self.ongoing = 0
         self.replica_id = "local"  # the Ray Serve replica's id when deployed (sent as x-fleetllm-replica)
+        # vLLM's serving metrics (fleetllm.serve.vllm_metrics): vLLM keeps its own; other engines get them here
+        from fleetllm.serve.vllm_metrics import EngineMetrics
+
+        self.vllm_metrics = None if getattr(engine, "name", "") == "vllm" else EngineMetrics(self.model_id)
+
+    def metrics_snapshot(self) -> str:
+        """This replica's `vllm:` metrics as Prometheus text (vLLM's own where the engine is vLLM)."""
+        from fleetllm.serve.vllm_metrics import replica_stats, vllm_own_snapshot
+
+        if self.vllm_metrics is None:
+            return vllm_own_snapshot()
+        return self.vllm_metrics.snapshot(*replica_stats(self.stats(snapshot=False)))
+
+    def publish_metrics(self) -> None:
+        """In a Ray Serve replica (replica_id set): publish the snapshot for every replica's /metrics."""
+        from fleetllm.serve.vllm_metrics import Publisher
+
+        Publisher(self.model_id, self.replica_id, self.metrics_snapshot)
 
     @property
     def max_model_len(self) -> int | None:
@@ -94,9 +114,11 @@ class ModelServer:
             self.fatal = self.fatal or "the engine was stopped"
         return self.fatal is None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, snapshot: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {"ongoing": self.ongoing, "healthy": self.healthy()}
         out.update(self.engine.streaming_stats())
+        if snapshot:
+            out["vllm_metrics"] = self.metrics_snapshot()
         return out
 
     def stream_gap(self) -> float:
@@ -142,7 +164,8 @@ class ModelServer:
                                     prompt_token_ids=payload.get("prompt_token_ids"),
                                     sampling=with_defaults(payload.get("sampling") or {}, self.default_sampling),
                                     chat_template_kwargs=payload.get("chat_template_kwargs") or {},
-                                    request_id=payload.get("request_id", ""))
+                                    request_id=payload.get("request_id", ""),
+                                    priority=int(payload.get("priority") or 0))
         echo = await asyncio.to_thread(echo_item, self.engine, payload) if payload.get("echo") else None
         return request, echo
 
@@ -162,9 +185,12 @@ class ModelServer:
         wake = asyncio.Event()
         state: dict[str, Any] = {"done": False, "error": None}
 
+        seen = RequestSeen(time.monotonic())
+
         async def pump() -> None:
             try:
                 async for delta in self.engine.generate_stream(request):
+                    seen.add(delta)
                     item = dataclasses.asdict(delta)
                     item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
                     buf.append(item)
@@ -183,6 +209,8 @@ class ModelServer:
             except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
                 state["error"] = error_item(500, f"{type(exc).__name__}: {exc}", "internal_error")
             finally:
+                if self.vllm_metrics is not None:
+                    seen.record(self.vllm_metrics, ok=state["error"] is None)
                 state["done"] = True
                 wake.set()
 
@@ -214,6 +242,28 @@ class ModelServer:
                     await task
                 except BaseException:  # noqa: BLE001
                     pass
+
+
+class RequestSeen:
+    """What one served request's deltas said, for vLLM's request metrics (fleetllm.serve.vllm_metrics)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.first: float | None = None
+        self.prompt = 0
+        self.generated: dict[int, int] = {}
+        self.finish: str | None = None
+
+    def add(self, delta) -> None:
+        if self.first is None and delta.num_generated_tokens:
+            self.first = time.monotonic()
+        self.prompt = max(self.prompt, delta.num_input_tokens)
+        self.generated[delta.index] = delta.num_generated_tokens
+        self.finish = delta.finish_reason or self.finish
+
+    def record(self, metrics, ok: bool) -> None:
+        metrics.request(self.started, self.first, time.monotonic(), self.prompt, sum(self.generated.values()),
+                        self.finish if ok else None)
 
 
 class LocalBackend:

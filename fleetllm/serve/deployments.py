@@ -48,6 +48,7 @@ class LLMServer:
 
         self.server = ModelServer(_config(llm_config))
         self.server.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
 
     @classmethod
     def get_deployment_options(cls, llm_config: Any) -> dict[str, Any]:
@@ -82,9 +83,11 @@ class OpenAiIngress:
     """The OpenAI HTTP API over the model deployments' handles: {model_id: handle} (fleetllm's apps) or a
     list of LLMServer handles (Ray's bind pattern: each replica names its model)."""
 
-    def __init__(self, llm_deployments: dict[str, Any] | list[Any], api_key: str | None = None) -> None:
+    def __init__(self, llm_deployments: dict[str, Any] | list[Any], api_key: str | None = None,
+                 batch_store: str | None = None) -> None:
         self.handles = llm_deployments
         self.api_key = api_key
+        self.batch_store = batch_store  # serve /v1/files and /v1/batches over it (fleetllm.serve.app)
 
     @staticmethod
     def get_deployment_options(llm_configs: list[Any]) -> dict[str, Any]:
@@ -107,7 +110,7 @@ class OpenAiIngress:
             model_id = model_id or info["model_id"]
             backends[model_id] = HandleBackend(model_id, handle, info.get("max_model_len"),
                                                info.get("task", "generate"))
-        return make_api(backends, api_key=self.api_key)
+        return make_api(backends, api_key=self.api_key, batch_store=self.batch_store)
 
 
 def make_fastapi_ingress(cls: type) -> type:

@@ -94,17 +94,20 @@ def direct_deployment():
     class DirectLLMServer:
         """One replica of the one model, answering the OpenAI API itself."""
 
-        def __init__(self, config: dict[str, Any], api_key: str | None = None, retry_after_s: float = 1.0) -> None:
+        def __init__(self, config: dict[str, Any], api_key: str | None = None, retry_after_s: float = 1.0,
+                     batch_store: str | None = None) -> None:
             cfg = LLMConfig.model_validate(config)
             self.server = ModelServer(cfg)
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
+            self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
             self.server.stream_budget = cfg.stream_budget(direct=True)
             ongoing, queued = replica_limits(cfg)
             self.backend = DirectBackend(self.server, ongoing, queued, retry_after_s)
             self.api_key = api_key
+            self.batch_store = batch_store
 
         async def __serve_build_asgi_app__(self):
-            return make_api({self.server.model_id: self.backend}, api_key=self.api_key)
+            return make_api({self.server.model_id: self.backend}, api_key=self.api_key, batch_store=self.batch_store)
 
         def check_health(self) -> None:  # Ray Serve restarts a replica whose engine died
             if not self.server.healthy():

@@ -1,9 +1,10 @@
 """Ray Serve LLM's field names and shapes on fleetllm's LLMConfig and build_openai_app (docs/ray-compat.md).
 
-`llm_engine` is fleetllm's `engine` ("vLLM" -> vllm); `runtime_env` goes to the replicas' actor options;
-`deployment_config.request_router_config` naming Ray's PrefixCacheAffinityRouter is `routing:
-prefix_affinity`; `accelerator_type` and `placement_group_config` are accepted and logged (fleetllm
-reserves GPUs by count, `ray_actor_options.num_gpus`); `LLMServingArgs` is the builder's argument.
+`llm_engine` is fleetllm's `engine` ("vLLM" -> vllm); `deployment_config.request_router_config` naming Ray's
+PrefixCacheAffinityRouter is `routing: prefix_affinity`; `placement_group_config` and `log_engine_metrics` are
+accepted and logged (fleetllm reserves GPUs by count, `ray_actor_options.num_gpus`, and always serves vLLM's
+metrics); `accelerator_type` and `runtime_env` are LLMConfig fields (to the replicas' actor options);
+`LLMServingArgs` is the builder's argument.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from pydantic import BaseModel, ConfigDict
 
 log = logging.getLogger("fleetllm.serve")
 
-LOGGED = ("accelerator_type", "placement_group_config", "log_engine_metrics")
+LOGGED = {  # accepted and not used: why
+    "placement_group_config": "fleetllm reserves GPUs by count (deployment_config.ray_actor_options.num_gpus)",
+    "log_engine_metrics": "vLLM's metrics are always on /metrics",
+}
 PREFIX_ROUTER = "PrefixCacheAffinityRouter"
 
 
@@ -55,16 +59,12 @@ def normalize(data: Any) -> Any:
         if "engine" in data and data["engine"] != engine:
             raise ValueError(f"give llm_engine (Ray's name) or engine, not both ({engine!r} vs {data['engine']!r})")
         data["engine"] = engine
-    for key in LOGGED:
+    for key, why in LOGGED.items():
         if data.get(key) is not None:
-            log.warning("LLMConfig %s=%r: accepted; fleetllm reserves GPUs by count "
-                        "(deployment_config.ray_actor_options.num_gpus)", key, data[key])
+            log.warning("LLMConfig %s=%r: accepted and not used; %s", key, data[key], why)
         data.pop(key, None)
-    deployment = dict(data.get("deployment_config") or {})
-    _router(deployment, data)
-    env = data.pop("runtime_env", None)
-    if env:
-        deployment["ray_actor_options"] = {**deployment.get("ray_actor_options", {}), "runtime_env": env}
-    if "deployment_config" in data or deployment:
+    if "deployment_config" in data:
+        deployment = dict(data["deployment_config"] or {})
+        _router(deployment, data)
         data["deployment_config"] = deployment
     return data

@@ -44,6 +44,8 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
         if m.engine_kwargs:
             lines.append(f"    engine_kwargs: {m.engine_kwargs}")
     lines.append(ingress_line(spec))
+    if spec.batch_store_url():
+        lines.append(f"batch API: /v1/files and /v1/batches, files and state in {spec.batch_store_url()}")
     lines.append(f"environment: {spec.environment.describe()}")
     return lines
 
@@ -67,7 +69,7 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
         ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
     serve.start(http_options={"host": host, "port": port})
     app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key(),
-                            "ingress": spec.ingress})
+                            "ingress": spec.ingress, "batch_store": spec.batch_store_url()})
     serve.run(app, name=spec.name, route_prefix="/", blocking=False)
     return f"http://{host}:{port}/v1"
 

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from fleetllm import sizing
 from fleetllm.errors import SpecError
 from fleetllm.secrets import API_KEY_ENV, SecretRef, check_api_key
 from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
+
+log = logging.getLogger("fleetllm.serve")
 
 
 class AutoscalingSpec(StrictModel):
@@ -107,6 +110,28 @@ class ServeModelSpec(ServedEngineSpec):
 IngressMode = Literal["auto", "direct", "separate"]
 
 
+class BatchesSpec(StrictModel):
+    """The OpenAI Batch API (`/v1/files`, `/v1/batches`) of the app (docs/batch-api.md)."""
+
+    enabled: bool = Field(True, description="Serve /v1/files and /v1/batches and run the batches.")
+    path: str | None = Field(
+        None, description="Folder or object-store prefix (s3://...) holding the uploaded files, the batches' "
+        "state and their jobs' output; default: $FLEETLLM_HOME/batches/<app name>.")
+    shard_rows: int = Field(100, ge=1, description="Requests per shard of a batch's job: the unit of commit (what a "
+                            "restart keeps and a cancel keeps as partial output).")
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Most batch requests in flight per model (the AIMD window's ceiling; the window "
+        "shrinks when latency rises). Default: half of the model's replicas x max_ongoing_requests, so "
+        "interactive requests always find room.")
+
+    def store_url(self, app_name: str) -> str:
+        if self.path:
+            return self.path
+        from fleetllm.models import fleetllm_home
+
+        return str(fleetllm_home() / "batches" / app_name)
+
+
 def choose_ingress(ingress: str, models: list[Any]) -> tuple[str, str]:
     """The path an app takes: ("direct" | "separate", why). `models` are ServeModelSpecs or LLMConfigs.
 
@@ -148,6 +173,8 @@ class ServeSpec(StrictModel):
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
                                          description="pip, env_vars, working_dir: Ray's runtime_env for the replicas.")
+    batches: BatchesSpec = Field(default_factory=BatchesSpec, description="The OpenAI Batch API: where its files "
+                                 "and state live, shard size, in-flight ceiling.")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "ServeSpec":
@@ -177,6 +204,27 @@ class ServeSpec(StrictModel):
             return check_api_key(env, f"${API_KEY_ENV}") if env is not None else None
         except ValueError as exc:
             raise SpecError(str(exc)) from None
+
+    def batch_store_url(self) -> str | None:
+        """Where the Batch API keeps its files and state; None when it is off."""
+        return self.batches.store_url(self.name) if self.batches.enabled else None
+
+    def batch_models(self) -> dict[str, dict[str, Any]]:
+        """model id -> {task, max_in_flight}: what the batch service validates and sends against."""
+        from fleetllm import models
+
+        out = {}
+        for m in self.models:
+            task = m.task
+            if task == "auto":
+                try:
+                    task = models.model_task(models.resolve(m.source, pull_missing=False))
+                except Exception:  # noqa: BLE001 - not resolvable here (the replicas fetch it): a generate model
+                    task = "generate"
+            replicas = m.autoscaling.max_replicas if m.autoscaling else m.replicas
+            window = self.batches.max_in_flight or max(1, replicas * m.max_ongoing_requests // 2)
+            out[m.model_id] = {"task": task, "max_in_flight": window}
+        return out
 
     def llm_configs(self) -> list["LLMConfig"]:
         configs = [m.to_llm_config() for m in self.models]
@@ -227,12 +275,25 @@ class LLMConfig(ServedEngineSpec):
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
 
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type of the replicas (e.g. A10G, L4, H100), as Ray Serve LLM's "
+        "LLMConfig.accelerator_type: a scheduling constraint of GPU replicas. A CPU replica (no GPU reserved, the "
+        "transformers engine) has no accelerator to match: the type is logged and not passed to Ray.")
+    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (Ray Serve LLM's).")
+
     @model_validator(mode="before")
     @classmethod
-    def _ray_names(cls, data: Any) -> Any:
+    def _ray_names(cls, data: Any) -> Any:  # llm_engine, request_router_config, ... (fleetllm.serve.ray_names)
         from fleetllm.serve.ray_names import normalize
 
         return normalize(data)
+
+    @model_validator(mode="after")
+    def _accelerator_on_cpu(self) -> "LLMConfig":
+        if self.accelerator_type and self.on_cpu():
+            log.warning("LLMConfig accelerator_type=%r: the replicas of %r run on CPU (transformers, no GPU "
+                        "reserved), so the type is not passed to Ray", self.accelerator_type, self.model_id)
+        return self
 
     @field_validator("deployment_config")
     @classmethod
@@ -251,8 +312,17 @@ class LLMConfig(ServedEngineSpec):
     def resolved_engine(self) -> str:
         """The engine a replica runs: fleetllm.sizing.choose_engine (auto: vLLM when it is installed and there
         are GPUs: the replica's, or where it reserves none, this machine's), as for batch jobs."""
-        gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or sizing.local_gpu_count()
+        gpus = self._reserved_gpus() or sizing.local_gpu_count()
         return sizing.choose_engine(self.engine, gpus=float(gpus))[0]
+
+    def _reserved_gpus(self) -> float:
+        return float(self.deployment_config.get("ray_actor_options", {}).get("num_gpus") or 0)
+
+    def on_cpu(self) -> bool:
+        """The replicas have no accelerator: no GPU reserved and the transformers engine (named, or auto's)."""
+        if self._reserved_gpus() or self.engine == "vllm":
+            return False
+        return self.engine == "transformers" or self.resolved_engine() == "transformers"
 
     def stream_budget(self, direct: bool = False) -> float:
         """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default;
@@ -275,6 +345,10 @@ class LLMConfig(ServedEngineSpec):
         # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
         opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)
         opts.setdefault("ray_actor_options", {"num_cpus": 1})
+        accelerator = self.accelerator_type if self.accelerator_type and not self.on_cpu() else None
+        if accelerator or self.runtime_env:
+            opts["ray_actor_options"] = {**opts["ray_actor_options"], **{k: v for k, v in (
+                ("accelerator_type", accelerator), ("runtime_env", self.runtime_env)) if v}}
         return opts
 
 

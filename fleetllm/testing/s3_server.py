@@ -10,6 +10,7 @@ job would be against AWS, MinIO or any S3-compatible store.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -69,6 +70,25 @@ class S3Server:
     def apply_env(self) -> None:
         """Point this process's S3 clients at the server (tests and benchmarks only)."""
         os.environ.update(self.env({}))
+
+    @staticmethod
+    @contextlib.contextmanager
+    def serving(bucket: str):
+        """A server with `bucket`, this process's S3 clients pointed at it (s3fs's cache cleared) for the
+        block; the environment is restored after (tests' module fixtures)."""
+        import s3fs
+
+        saved = dict(os.environ)
+        try:
+            with S3Server() as server:
+                server.apply_env()
+                s3fs.S3FileSystem.clear_instance_cache()
+                server.make_bucket(bucket)
+                yield server
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            s3fs.S3FileSystem.clear_instance_cache()
 
     def make_bucket(self, name: str) -> None:
         import s3fs

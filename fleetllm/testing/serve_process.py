@@ -24,8 +24,8 @@ class ServeProcess:
     """Writes a serve.yaml, starts `python -m fleetllm serve` and waits until /health answers 200."""
 
     def __init__(self, spec: dict[str, Any], workdir: str | Path, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 300) -> None:
-        self.port = free_port()
+                 start_timeout_s: float = 300, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.spec = {**spec, "host": "127.0.0.1", "port": self.port}
         self.path = Path(workdir) / "serve.yaml"
         self.path.write_text(yaml.safe_dump(self.spec))
@@ -41,9 +41,11 @@ class ServeProcess:
     def start(self) -> "ServeProcess":
         import httpx
 
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "a")
+        # its own process group: kill() takes the local Ray it starts with it, as a crash of the machine would
         self.proc = subprocess.Popen([sys.executable, "-m", "fleetllm", "serve", str(self.path)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -73,6 +75,31 @@ class ServeProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the server, its process group and every process under it (the local Ray it started: GCS,
+        raylet, replicas, HTTP proxy; Ray starts some in sessions of their own), as a crash of the machine
+        would; returns once the port is free."""
+        import psutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            for child in family:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            self.proc.wait()
+        self._log.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", self.port))
+                    return
+                except OSError:
+                    time.sleep(0.5)
 
     def __enter__(self) -> "ServeProcess":
         return self.start()

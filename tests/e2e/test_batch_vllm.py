@@ -43,7 +43,7 @@ def test_fleetllm_run_on_vllm_answers_paris_with_batches_in_flight(paris_run):
     assert sorted(out) == sorted(r["id"] for r in rows)
     assert "Paris" in out["fr"]["generated_text"]
     assert all(r["error"] is None and r["num_generated_tokens"] > 0 for r in out.values())
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["engine"]["name"] == "vllm" and report["engine"]["version"]
     # vLLM takes batches from several threads: 12 rows in batches of 3 were all in flight at once.
     assert report["batches_in_flight_per_replica"] > 1

@@ -48,7 +48,7 @@ def test_embedded_model_answers_paris(tmp_path):
     out = {r["row_id"]: r for r in read_rows(tmp_path / "out")}
     assert "Paris" in out["fr"]["generated_text"]
     assert out["h"]["generated_text"].strip()
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["model"]["kind"] == "embedded" and report["rows"] == 2
 
 
@@ -103,7 +103,7 @@ def test_sigkill_then_resume_is_exactly_once(tmp_path, tiny_model):
 
     resumed = fleetllm("run", str(job), timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["rows_skipped"] == committed * 5 and report["rows_computed"] == 60 - committed * 5
     out = read_rows(tmp_path / "out")
     assert sorted(r["row_id"] for r in out) == [r["id"] for r in rows]

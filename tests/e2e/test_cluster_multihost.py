@@ -152,7 +152,7 @@ def test_batch_job_runs_a_replica_on_each_node_and_the_report_names_both(cluster
     job, out = write_job(tmp_path, tiny_model, input_file, cluster.address, "two-nodes")
     proc = cluster.run(cluster.pair.head, fleetllm_argv("run", str(job)), env=job_env(cluster), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-    report = json.loads((out / "run.json").read_text())
+    report = json.loads((out / "_SUCCESS").read_text())
     check_exactly_once(out, report)
     assert report["replicas"] == 2
     assert report["nodes"] == nodes  # both node ids: the replicas that computed the shards
@@ -190,7 +190,7 @@ def test_worker_node_killed_mid_job_the_job_completes_exactly_once(cluster, tiny
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, output[-8000:]
-    report = json.loads((out / "run.json").read_text())
+    report = json.loads((out / "_SUCCESS").read_text())
     check_exactly_once(out, report)
     alive = alive_nodes(cluster)
     assert list(alive.values()) == [cluster.pair.head_ip]

@@ -133,3 +133,21 @@ def test_unknown_run_is_a_clear_error(head):
     proc = fleetllm("status", "no-such-run", "--address", head["address"], env=head["env"])
     assert proc.returncode == 2
     assert "no run 'no-such-run'" in proc.stderr
+
+
+def test_stop_ends_a_submitted_run_as_ray_job_stop_does(head, tmp_path):
+    sub = fleetllm("submit", "--entrypoint", "python -c 'import time; print(\"up\", flush=True); time.sleep(600)'",
+                   "--working-dir", str(tmp_path), "--address", head["address"], "--submission-id", "fleetllm-long",
+                   env=head["env"])
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    deadline = time.monotonic() + 120
+    while "up" not in fleetllm("logs", "fleetllm-long", "--address", head["address"], env=head["env"]).stdout:
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(1)
+    stop = fleetllm("stop", "fleetllm-long", "--address", head["address"], env=head["env"])
+    assert stop.returncode == 0 and stop.stdout.strip() == "fleetllm-long: STOPPED", stop.stdout + stop.stderr
+    assert wait_done(head, "fleetllm-long")["status"] == "STOPPED"
+    again = fleetllm("stop", "fleetllm-long", "--address", head["address"], env=head["env"])
+    assert again.returncode == 0 and "already STOPPED" in again.stdout
+    unknown = fleetllm("stop", "no-such-run", "--address", head["address"], env=head["env"])
+    assert unknown.returncode == 2 and "no run 'no-such-run'" in unknown.stderr

@@ -83,7 +83,7 @@ def test_fleetllm_run_embed_job_on_vllm(tmp_path, embedding_model, reference):
     rows = {r["row_id"]: r for r in table.to_pylist()}
     assert all(cosine(rows[f"r{i}"]["embedding"], reference[i]) > 0.999 for i in range(3))
     assert "empty" in rows["r3"]["error"] and rows["r3"]["embedding"] is None
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["engine"]["name"] == "vllm" and report["rows"] == 4 and report["errors"] == 1
 
 

@@ -28,6 +28,6 @@ def test_job_on_a_saved_dataset_with_a_split_slice(tmp_path):
     assert [r["instruction"] for r in out] == rows["instruction"][:50]
     assert "output" not in out[0]  # input.columns kept only `instruction`
     assert all(r["error"] is None and r["generated_text"] for r in out)
-    assert json.loads((tmp_path / "out" / "run.json").read_text())["rows"] == 50
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["rows"] == 50
     again = fleetllm("run", str(job), timeout=300)  # resume: the same shards, all committed
     assert "(0 computed, 50 resumed" in again.stdout, again.stderr[-2000:]

@@ -17,7 +17,7 @@ def run_folder(tmp_path, name, tiny_model, rows, env=None):
                     compute={"batch_size": 4, "cpus_per_replica": 1})
     proc = fleetllm("run", str(job), timeout=600, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return job, folder / "out", json.loads((folder / "out" / "run.json").read_text())
+    return job, folder / "out", json.loads((folder / "out" / "_SUCCESS").read_text())
 
 
 def test_in_process_run_equals_the_ray_run_and_resumes_it(tmp_path, tiny_model):
@@ -48,7 +48,7 @@ def test_in_process_run_equals_the_ray_run_and_resumes_it(tmp_path, tiny_model):
     # the Ray run's folder, resumed in process: every shard is already committed, nothing is recomputed
     resumed = fleetllm("run", str(ray_job), timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    report = json.loads((ray_out / "run.json").read_text())
+    report = json.loads((ray_out / "_SUCCESS").read_text())
     assert report["in_process"] is True and report["rows_skipped"] == 12 and report["rows_computed"] == 0
     assert len(read_rows(ray_out)) == 12
 
@@ -62,7 +62,7 @@ def test_hostile_rows_in_process_give_what_the_ray_path_gives(tmp_path, tiny_mod
                     prompt={"system": None}, compute={"batch_size": 2, "cpus_per_replica": 1})
     proc = fleetllm("run", str(job), "--max-error-rate", "1", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["in_process"] is True and report["rows"] == ROWS
     out = read_rows(tmp_path / "out")
     assert len(out) == ROWS  # each row once

@@ -65,7 +65,7 @@ def test_query_against_an_endpoint_that_is_down_or_serves_another_model(tmp_path
         proc = fleetllm("query", str(spec), timeout=300)
         assert proc.returncode == 2 and "does not serve model 'capacity-test' (it lists ['another'])" in proc.stderr
     proc = fleetllm("query", str(spec), timeout=300)  # the server is gone now
-    assert proc.returncode == 2 and "cannot be reached (connection error" in proc.stderr
+    assert proc.returncode == 2 and "cannot be reached or broke off its answers (connection error" in proc.stderr
     assert "start it or fix model.engine_kwargs.base_url" in proc.stderr and "Traceback" not in proc.stderr
     assert not list((tmp_path / "out").rglob("*.json"))  # no job, no commit (the lock's folder may stay)
 

@@ -64,7 +64,7 @@ def test_grouped_docs_questions_reach_the_ideal_hit_rate(tmp_path, embedded_mode
         group = [prompts[f"d{d}q{q}"] for q in range(QUESTIONS)]
         shared = next((k for k in range(min(map(len, group))) if len({g[k] for g in group}) > 1), min(map(len, group)))
         ideal += (QUESTIONS - 1) * (shared // BLOCK) * BLOCK
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["prefix_grouping"]["on"]
     assert report["prompt_tokens"] == total
     rate = report["prefix_cache_hit_rate"]

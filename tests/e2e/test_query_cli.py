@@ -70,7 +70,7 @@ def test_query_survives_503s_and_sigkill_then_resumes_exactly_once(tmp_path):
     rows = read_rows(tmp_path / "out")
     assert sorted(r["row_id"] for r in rows) == [f"q{i:03d}" for i in range(ROWS)]  # each id exactly once
     assert all(r["error"] is None and r["generated_text"] == f"echo: {r['text']}" for r in rows)
-    report = json.loads((tmp_path / "out" / "run.json").read_text())
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert report["rows_skipped"] == committed * SHARD_ROWS and report["engine"]["name"] == "openai"
     # attempts = the HTTP requests the endpoint saw for the row, in the run that committed it
     resumed_rows = [r for r in rows if r["text"] in second_stats["prompts"]]
@@ -91,7 +91,7 @@ def test_query_refuses_another_engine_and_a_missing_base_url(tmp_path):
     spec.write_text(yaml.safe_dump({"model": {"source": "m"}, "input": {"path": "in.jsonl"},
                                     "output": {"path": "out"}, "compute": {"max_retries": 3}}))
     proc = fleetllm("query", str(spec), timeout=60)
-    assert proc.returncode == 2 and "base_url: required field is missing" in proc.stderr
+    assert proc.returncode == 2 and "base_url is missing: set engine_kwargs.base_url" in proc.stderr
 
 
 def test_example_query_yaml_plans(tmp_path):

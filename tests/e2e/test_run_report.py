@@ -18,7 +18,7 @@ def assert_quiet_and_logged(proc, out):
     assert not NOISE.search(terminal), terminal[-3000:]
     logs = list((out / "_fleetllm" / "logs").glob("run-*.log"))
     assert logs and f"logs: {out / '_fleetllm' / 'logs'}" in terminal
-    if not json.loads((out / "run.json").read_text()).get("in_process"):  # in process, there is no Ray
+    if not json.loads((out / "_SUCCESS").read_text()).get("in_process"):  # in process, there is no Ray
         assert list((out / "_fleetllm" / "logs" / "ray").glob("worker-*")), "the Ray workers' logs are kept"
 
 
@@ -31,7 +31,7 @@ def test_quiet_run_then_a_report_a_browser_renders(tmp_path, tiny_model):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     assert_quiet_and_logged(proc, out)
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / "_SUCCESS").read_text())
     series = run["series"]
     assert [p[1] for p in series["commits"]["points"]] and sum(p[1] for p in series["commits"]["points"]) == 11
     assert sum(r["rows"] for r in series["replicas"]) == 11
@@ -39,7 +39,7 @@ def test_quiet_run_then_a_report_a_browser_renders(tmp_path, tiny_model):
 
     rep = fleetllm("report", str(out), timeout=300)
     assert rep.returncode == 0, rep.stderr[-3000:]
-    page = (out / "report.html").read_text()
+    page = (out / "_fleetllm" / "report.html").read_text()
     charts = re.findall(r'data-chart="([^"]+)"><svg', page)
     assert charts == ["Throughput", "Time split", "Input tokens", "Output tokens", "Replicas", "Nodes"]
     assert "prompt.template needs column" in page and "<code>bad</code>" in page  # errors by kind, with the row
@@ -47,7 +47,7 @@ def test_quiet_run_then_a_report_a_browser_renders(tmp_path, tiny_model):
 
     if chromium() is None:
         pytest.skip("chromium is not installed (make test installs it)")
-    png = screenshot(out / "report.html", tmp_path / "report.png")
+    png = screenshot(out / "_fleetllm" / "report.html", tmp_path / "report.png")
     import matplotlib.image
 
     pixels = matplotlib.image.imread(str(png))[..., :3].reshape(-1, 3)

@@ -27,17 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def s3():
-    import s3fs
-
-    saved = dict(os.environ)
-    with S3Server() as server:
-        server.apply_env()
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.make_bucket("bkt")
+    with S3Server.serving("bkt") as server:
         yield server
-    os.environ.clear()
-    os.environ.update(saved)
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def s3fs_():
@@ -75,7 +66,7 @@ def read_back(s3, prefix: str) -> list[dict]:
 
 
 def report(prefix: str) -> dict:
-    return json.loads(s3fs_().cat_file(f"bkt/{prefix}/run.json"))
+    return json.loads(s3fs_().cat_file(f"bkt/{prefix}/_SUCCESS"))
 
 
 def test_the_lock_object_is_a_conditional_create(s3):

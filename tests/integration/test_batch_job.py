@@ -40,7 +40,7 @@ def test_run_commits_every_row_once_then_resumes(ray_local, tiny_model, tmp_path
     assert sorted(r["row_id"] for r in rows) == sorted(f"r{i}" for i in range(24))
     assert all(r["error"] is None and r["finish_reason"] in ("stop", "length") for r in rows)
     assert all(0 < r["num_generated_tokens"] <= 6 and r["num_input_tokens"] > 5 for r in rows)
-    saved = json.loads((Path(spec.output.path) / "run.json").read_text())
+    saved = json.loads((Path(spec.output.path) / "_SUCCESS").read_text())
     assert saved["rows"] == 24 and saved["shards"] == 5 and saved["complete"] is True
     assert saved["output_tokens"] == sum(r["num_generated_tokens"] for r in rows)
     assert saved["engine"]["name"] == "transformers" and saved["versions"]["ray"]
@@ -67,7 +67,7 @@ def test_template_column_missing_fails_before_loading(tiny_model, tmp_path):
     spec = make_spec(tiny_model, tmp_path, rows=[{"text": "a", "lang": "en"}])
     with pytest.raises(InputError, match=r"uses column\(s\) \['q'\].*columns present: \['lang', 'text'\]"):
         run_job(spec)
-    assert not (tmp_path / "out" / "run.json").exists()
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
 def test_bad_rows_are_recorded_and_the_others_complete(ray_local, tiny_model, tmp_path):

@@ -27,15 +27,8 @@ HOLD = ("import sys, time\nfrom fleetllm.batch.commit import OutputFolder\n"
 def s3():
     import s3fs
 
-    saved = dict(os.environ)
-    with S3Server() as server:
-        server.apply_env()
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.make_bucket("locks")
+    with S3Server.serving("locks"):
         yield s3fs.S3FileSystem()
-    os.environ.clear()
-    os.environ.update(saved)
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def record_of_a_killed_holder(fs, url: str) -> dict:

@@ -82,3 +82,34 @@ def test_engine_kwargs_are_checked():
     engine = create_engine("openai", "m", engine_kwargs={"base_url": "http://127.0.0.1:1/v1", "max_retry": 3})
     with pytest.raises(SpecError, match="max_retry: unknown field"):
         engine.start()
+
+
+def test_the_endpoint_and_key_come_from_openai_base_url_and_openai_api_key(monkeypatch):
+    """As the openai client reads them: a job spec without engine_kwargs.base_url takes $OPENAI_BASE_URL (on the
+    driver, into the spec the replicas get), the engine sends $OPENAI_API_KEY."""
+    from fleetllm.spec import JobSpec
+
+    with CapacityServer(capacity=2, latency_s=0.001, api_key="sk-env") as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+        spec = JobSpec.model_validate({"input": {"path": "in.jsonl"}, "output": {"path": "out"},
+                                       "model": {"engine": "openai", "source": "capacity-test"}})
+        assert spec.model.engine_kwargs["base_url"] == srv.base_url
+        engine = create_engine("openai", "capacity-test", engine_kwargs={})
+        engine.start()
+        try:
+            (ok,) = engine.generate([GenerationRequest(prompt="hi")])
+        finally:
+            engine.stop()
+        assert ok.error is None and ok.text == "echo: hi"
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        engine = create_engine("openai", "capacity-test", engine_kwargs={})
+        engine.start()
+        try:
+            with pytest.raises(EndpointError, match="refused the api key"):
+                engine.generate([GenerationRequest(prompt="hi")])
+        finally:
+            engine.stop()
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    with pytest.raises(SpecError, match=r"base_url is missing: set engine_kwargs.base_url .* or \$OPENAI_BASE_URL"):
+        create_engine("openai", "capacity-test", engine_kwargs={}).start()

@@ -67,7 +67,7 @@ def test_a_torn_manifest_line_of_an_earlier_version_loses_nothing(ray_local, tin
     lines = [p.read_text() for p in commits]
     (out / "_fleetllm" / "manifest.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:30])
     shutil.rmtree(out / "_fleetllm" / "commits")
-    (out / "run.json").unlink()
+    (out / "_SUCCESS").unlink()
 
     report = run_job(spec)
     assert report["complete"] is True and report["rows"] == 8
@@ -130,3 +130,44 @@ def test_a_dry_run_leaves_the_folder_byte_identical(ray_local, tiny_model, tmp_p
         report = run_job(spec, dry_run=True)
         assert report["dry_run"] is True
     assert tree(out) == before
+
+
+def test_the_folder_opens_in_every_parquet_reader_and_resumes_after_a_report(ray_local, tiny_model, tmp_path,
+                                                                              completed):
+    import duckdb
+    import pandas as pd
+    import pyarrow.dataset as ds
+
+    from fleetllm.cli import main
+
+    copy_completed(completed, tmp_path)
+    spec, out = spec_for(tiny_model, tmp_path), tmp_path / "out"
+    assert main(["report", str(out)]) == 0 and (out / "_fleetllm" / "report.html").exists()
+    record = json.loads((out / "_SUCCESS").read_text())  # the run record, where readers skip it
+    assert record["rows"] == 8 and record["complete"] is True
+    # no options: the folder is a Parquet dataset to each of them
+    assert sorted(pd.read_parquet(out)["row_id"]) == IDS
+    assert sorted(pq.read_table(out).column("row_id").to_pylist()) == IDS
+    assert sorted(ds.dataset(out).to_table().column("row_id").to_pylist()) == IDS
+    assert sorted(r[0] for r in duckdb.sql(f"select row_id from read_parquet('{out}')").fetchall()) == IDS
+    assert sorted(r["row_id"] for r in ray_local.data.read_parquet(str(out)).take_all()) == IDS
+    # every file fleetllm wrote (the report included) is its own: a resume and an --overwrite both run
+    resumed = run_job(spec)
+    assert resumed["complete"] is True and resumed["rows_skipped"] == 8
+    assert not (out / "_fleetllm" / "report.html").exists()  # the report of an earlier run is not left stale
+    assert main(["report", str(out)]) == 0
+    again = run_job(spec, overwrite=True)
+    assert again["rows_computed"] == 8 and sorted(pd.read_parquet(out)["row_id"]) == IDS
+
+
+def test_a_folder_of_an_earlier_version_with_run_json_and_report_at_its_top_resumes(ray_local, tiny_model, tmp_path,
+                                                                                    completed):
+    copy_completed(completed, tmp_path)
+    spec, out = spec_for(tiny_model, tmp_path), tmp_path / "out"
+    (out / "_SUCCESS").rename(out / "run.json")  # the layout before: record and report at the top
+    (out / "report.html").write_text("<html>an earlier report</html>")
+    report = run_job(spec)
+    assert report["complete"] is True and report["rows_skipped"] == 8
+    assert not (out / "run.json").exists() and not (out / "report.html").exists()
+    assert json.loads((out / "_SUCCESS").read_text())["rows"] == 8
+    assert sorted(pq.read_table(out).column("row_id").to_pylist()) == IDS

@@ -1,6 +1,6 @@
 """compute.prefix_grouping on a real job (the transformers engine, a tiny random-weight model, in this
 process): each row once with its own id and answer, the grouped plan resumed exactly, the setting in the
-fingerprint, and run.json's prefix-cache fields where the engine does not report cache hits."""
+fingerprint, and the run record's prefix-cache fields where the engine does not report cache hits."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_grouped_job_keeps_each_rows_id_and_answer_and_resumes_exactly(tiny_mode
     for rid, row in grouped.items():  # the row's own input beside its answer
         assert row["question"].startswith(f"Question {rid.split('q')[1]} about document {rid[1:].split('q')[0]}")
         assert row["error"] is None and row["num_generated_tokens"] > 0
-    saved = json.loads((Path(on.output.path) / "run.json").read_text())
+    saved = json.loads((Path(on.output.path) / "_SUCCESS").read_text())
     assert saved["prefix_grouping"]["on"] and saved["complete"] and saved["rows"] == len(ids)
     assert saved["prompt_tokens"] == sum(r["num_input_tokens"] for r in grouped.values())
     assert saved["cached_prompt_tokens"] is None and saved["prefix_cache_hit_rate"] is None  # transformers

@@ -3,6 +3,7 @@ on a tiny random model: protocol, errors, batching of concurrent requests, healt
 
 from __future__ import annotations
 
+import re
 import asyncio
 import json
 import shutil
@@ -175,9 +176,56 @@ def test_metrics_and_health_503_when_an_engine_is_dead(app):
     assert 'fleetllm_requests_total{endpoint="chat",model="tiny",status="200"}' in metrics.text
     assert 'fleetllm_requests_total{endpoint="chat",model="unknown",status="401"}' in metrics.text
     assert "fleetllm_time_to_first_token_seconds_bucket" in metrics.text
+    # vLLM's names beside them (one replica in process, no Ray: its own snapshot), per served model id
+    assert re.search(r'^vllm:request_success_total\{finished_reason="\w+",model_name="tiny"\} [1-9]', metrics.text, re.M)
+    assert 'vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="tiny"}' in metrics.text
     servers["themed"].engine.stop()  # the themed engine dies
     health, still = call(api, ("GET", "/health", {}), chat(max_tokens=2))
     assert health.status_code == 503 and health.json()["models"] == ["themed"]
     assert still.status_code == 200  # the other model keeps serving
     (dead,) = call(api, chat(model="themed", max_tokens=2))
     assert_openai_error(dead, 503)
+
+
+def test_logprobs_are_the_models_raw_ones_before_temperature_and_top_k(app):
+    """As vLLM and OpenAI give them: sampling settings never change a step's logprobs, and a token top_k rules
+    out is a number, never -inf (null in JSON); streamed, not streamed and the batch path agree."""
+    import math
+
+    from fleetllm.engines.base import GenerationRequest
+
+    api, servers = app
+    ask = dict(max_tokens=1, logprobs=True, top_logprobs=5)
+    greedy, sampled, streamed = call(api, chat(**ask, temperature=0), chat(**ask, temperature=1.7, top_k=2, seed=3),
+                                     chat(**ask, temperature=1.7, top_k=2, seed=3, stream=True))
+
+    def first(entries):
+        return {t["token"]: t["logprob"] for t in entries[0]["top_logprobs"]}
+
+    raw = first(greedy.json()["choices"][0]["logprobs"]["content"])
+    got = first(sampled.json()["choices"][0]["logprobs"]["content"])
+    chunk = next(json.loads(line[6:]) for line in streamed.text.splitlines()
+                 if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("logprobs"))
+    live = first(chunk["choices"][0]["logprobs"]["content"])
+    (batch,) = servers["tiny"].engine.generate([GenerationRequest(messages=MSG, sampling={
+        "max_tokens": 1, "temperature": 1.7, "top_k": 2, "seed": 3, "logprobs": 5})])
+    offline = {t["token"]: t["logprob"] for t in batch.completions[0].logprobs[0]["top_logprobs"]}
+    assert len(raw) == 5 and all(isinstance(v, float) and math.isfinite(v) for v in raw.values())
+    for other in (got, live, offline):  # top_k=2 would have left 3 of the 5 at -inf, temperature changed the rest
+        assert other.keys() == raw.keys() and all(abs(other[k] - raw[k]) < 1e-4 for k in raw), (other, raw)
+
+
+def test_a_logprob_of_minus_infinity_is_clamped_as_openai_does():
+    import torch
+
+    from fleetllm.engines.transformers_logits import LOGPROB_FLOOR, logprob_entry
+
+    class Tok:
+        def decode(self, ids):
+            return f"<{ids[0]}>"
+
+    logp = torch.tensor([0.0, float("-inf"), float("-inf")])
+    entry = logprob_entry(Tok(), torch, logp, 1, 3)
+    assert entry["logprob"] == LOGPROB_FLOOR == -9999.0
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [0.0, -9999.0, -9999.0]
+    assert json.dumps(entry).count("Infinity") == 0

@@ -126,3 +126,23 @@ def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_clus
     spec = _job(tmp_path, embedded_model, wait_for={"gpus": 8}, wait_timeout_s=2)
     with pytest.raises(ResourceTimeout, match="4 GPU"):
         wait_for_cluster(spec, Console(quiet=True))
+
+
+def test_wait_for_asks_the_autoscaler_for_the_resources_and_the_job_withdraws_it(gpu_cluster, embedded_model,
+                                                                                 tmp_path):
+    """ray.autoscaler.sdk.request_resources: the standing request an autoscaler reads (here the cluster's
+    key-value store, where Ray's autoscaler looks), withdrawn at the job's end."""
+    import json
+
+    from rich.console import Console
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    from fleetllm.batch.stream import release_cluster_request, wait_for_cluster
+
+    spec = _job(tmp_path, embedded_model, wait_for={"gpus": 2, "cpus": 3}, wait_timeout_s=5)
+    wait_for_cluster(spec, Console(quiet=True))
+    asked = json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL))
+    assert sorted(map(json.dumps, asked)) == sorted(map(json.dumps, [{"CPU": 1}] * 3 + [{"GPU": 1.0}] * 2))
+    release_cluster_request(spec)
+    assert json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)) == []

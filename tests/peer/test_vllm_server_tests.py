@@ -27,7 +27,10 @@ MODULES = {
     "vllm": ["tests/entrypoints/openai/chat_completion/test_chat.py",
              "tests/entrypoints/openai/completion/test_completion.py"],
 }
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    os.environ.get("FLEETLLM_PEER") != "1",
+    reason="vLLM's server tests run with `make peer` (FLEETLLM_PEER=1): ~4 min per engine, kept out of `make test` "
+           "until their run is verified green on both engines")]
 
 
 def run_peer_suite(engine: str, workdir: Path) -> dict[str, tuple[str, str]]:

@@ -349,3 +349,23 @@ def test_cli_render_writes_files(tmp_path):
     assert "rayclusterfleet-smollm2-qwen-7b.yaml" in names
     fleet = yaml.safe_load((out / "rayclusterfleet-smollm2-qwen-7b.yaml").read_text())
     assert containers(fleet["spec"]["template"]["spec"]["headGroupSpec"])[0]["image"] == "img:1"
+
+
+def test_every_object_and_pod_carries_kubernetes_recommended_labels(tmp_path):
+    import fleetllm
+
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(SERVE))
+    objects = [*render_spec_file(path, OPTS), *render_job(job(replicas=2), "name: x\n", OPTS)]
+    for obj in objects:
+        found = [obj["metadata"]["labels"]]
+        cluster = obj.get("spec", {}).get("rayClusterConfig") or obj.get("spec", {}).get("rayClusterSpec")
+        if cluster:
+            found += [g["template"]["metadata"]["labels"] for g in [cluster["headGroupSpec"],
+                                                                      *cluster["workerGroupSpecs"]]]
+        for labels in found:
+            assert labels["app.kubernetes.io/name"] == "fleetllm" and labels["app.kubernetes.io/instance"]
+            assert labels["app.kubernetes.io/managed-by"] == "fleetllm"
+            assert labels["app.kubernetes.io/version"] == fleetllm.__version__
+            assert labels["app.kubernetes.io/component"] in ("job", "serve")
+            assert not [k for k in labels if k.startswith("fleetllm.io/")], labels

@@ -96,7 +96,8 @@ def test_changed_job_is_refused_naming_what_changed(tmp_path):
     out.commit(_entry(shard, "fp1"), lambda fh: fh.write(b"{}\n"))
     with pytest.raises(PlanError, match=r"changed: sampling\); outputs are never mixed: use --overwrite"):
         out.prepare("fp2", changed, overwrite=False)
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "_SUCCESS").write_text("{}")
+    (tmp_path / "run.json").write_text("{}")  # an earlier version's record: fleetllm's too
     out.prepare("fp2", changed, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_fleetllm"]
     assert json.loads((tmp_path / "_fleetllm" / "job.json").read_text())["fingerprint"] == "fp2"

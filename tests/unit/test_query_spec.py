@@ -22,7 +22,7 @@ def spec(model=None, **sections) -> JobSpec:
 def test_engine_kwargs_are_checked_when_the_spec_loads():
     with pytest.raises(SpecError, match=r"engine_kwargs for engine openai are invalid \(max_retry: unknown field"):
         spec({"engine_kwargs": {"base_url": "http://h:1/v1", "max_retry": 3}})
-    with pytest.raises(SpecError, match=r"base_url: required field is missing"):
+    with pytest.raises(SpecError, match=r"base_url is missing: set engine_kwargs.base_url"):
         spec({"engine_kwargs": {}})
 
 

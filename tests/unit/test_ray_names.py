@@ -1,17 +1,39 @@
-"""Ray Data LLM's and Ray Serve LLM's field names and shapes on fleetllm's configs (docs/ray-compat.md)."""
+"""Ray Data LLM's and Ray Serve LLM's field names and shapes on fleetllm's configs: aliases, Ray's behaviour,
+or a refusal naming the field (fleetllm.batch.ray_names, fleetllm.serve.ray_names; docs/ray-compat.md)."""
 
 import logging
 
 import pytest
 from pydantic import ValidationError
 
-from fleetllm import (ChatTemplateStageConfig, TransformersEngineProcessorConfig, build_processor,
+from fleetllm import (ChatTemplateStageConfig, TransformersEngineProcessorConfig, build_processor, sizing,
                       vLLMEngineProcessorConfig)
+from fleetllm.batch import ray_names
+from fleetllm.batch.engine_pool import EnginePool
 from fleetllm.engines.fields import FieldError, check_sampling
 from fleetllm.engines.vllm_kwargs import for_transformers
+from fleetllm.errors import SpecError
 from fleetllm.serve import LLMConfig, ModelLoadingConfig
 
 MODEL = "smollm2-135m-instruct"
+
+
+def test_rays_names_and_shapes_are_taken():
+    c = vLLMEngineProcessorConfig(model_source="m", concurrency=(2, 2), max_concurrent_batches=4, task_type="generate",
+                                  should_continue_on_error=True, accelerator_type="A10G",
+                                  runtime_env={"env_vars": {"X": "1"}})
+    assert (c.concurrency, c.batches_in_flight, c.accelerator_type) == (2, 4, "A10G")
+    plan = sizing.plan_replicas("transformers", {}, 2, 1.0, 0, {"CPU": 8.0, "GPU": 0.0})
+    pool = EnginePool(engine="transformers", model_path="m", engine_kwargs={}, replica_plan=plan, batch_size=4,
+                      ray_remote_args={"accelerator_type": c.accelerator_type, "runtime_env": c.runtime_env})
+    kwargs = pool.map_batches_kwargs()  # what Ray Data's map_batches gets for the replicas' actors
+    assert kwargs["accelerator_type"] == "A10G" and kwargs["runtime_env"] == {"env_vars": {"X": "1"}}
+
+
+def test_accelerator_type_reaches_ray_for_gpu_replicas_only():
+    c = vLLMEngineProcessorConfig(model_source="m", accelerator_type="A10G", runtime_env={"env_vars": {"X": "1"}})
+    assert ray_names.ray_remote_args(c, 1.0) == {"accelerator_type": "A10G", "runtime_env": {"env_vars": {"X": "1"}}}
+    assert ray_names.ray_remote_args(c, 0.0) == {"runtime_env": {"env_vars": {"X": "1"}}}  # CPU: logged
 
 
 def test_processor_takes_rays_names():
@@ -28,16 +50,17 @@ def test_processor_takes_rays_names():
     assert legacy.chat_template_kwargs == {"chat_template": "T"} and legacy.task_type == "embed"
 
 
-@pytest.mark.parametrize("fields, named", [
-    ({"concurrency": (3, 1)}, "concurrency"),
-    ({"task_type": "classify"}, "task_type"),
+@pytest.mark.parametrize("given, named", [
+    ({"concurrency": (4, 1)}, r"concurrency=\(4, 1\): give an int or \(min, max\)"),
+    ({"task_type": "classify"}, "task_type='classify'"),
+    ({"should_continue_on_error": False}, "should_continue_on_error=False"),
+    ({"max_concurrent_batches": 2, "batches_in_flight": 2}, "give max_concurrent_batches .* or batches_in_flight"),
     ({"prepare_image_stage": True}, "prepare_image_stage"),
-    ({"max_concurrent_batches": 2, "batches_in_flight": 2}, "max_concurrent_batches"),
     ({"placement_group_config": {"bundles": [{"GPU": 1}, {"GPU": 1}]}}, "placement_group_config"),
 ])
-def test_processor_refuses_what_it_cannot_do_naming_the_field(fields, named):
-    with pytest.raises(ValidationError, match=named):
-        TransformersEngineProcessorConfig(model_source=MODEL, **fields)
+def test_what_fleetllm_does_not_do_is_refused_by_name(given, named):
+    with pytest.raises(SpecError, match=named):
+        TransformersEngineProcessorConfig(model_source=MODEL, **given)
 
 
 def test_build_processor_takes_rays_arguments():
@@ -71,10 +94,30 @@ def test_llm_config_takes_ray_serve_names():
                     deployment_config={"request_router_config": {
                         "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter"}})
     assert cfg.engine == "vllm" and cfg.routing == "prefix_affinity"
-    assert cfg.deployment_config["ray_actor_options"]["runtime_env"] == {"env_vars": {"X": "1"}}
+    assert cfg.deployment_options()["ray_actor_options"]["runtime_env"] == {"env_vars": {"X": "1"}}
     with pytest.raises(ValidationError, match="request_router_config"):
         LLMConfig(model_loading_config=dict(model_id="m"),
                   deployment_config={"request_router_config": {"request_router_class": "my.Router"}})
+
+
+def test_ray_serve_llm_names_on_llm_config():
+    cfg = LLMConfig(model_loading_config=ModelLoadingConfig(model_id="m"), llm_engine="vLLM", accelerator_type="L4",
+                    runtime_env={"env_vars": {"X": "1"}}, deployment_config={"ray_actor_options": {"num_cpus": 2}})
+    assert cfg.engine == "vllm"
+    assert cfg.deployment_options()["ray_actor_options"] == {"num_cpus": 2, "accelerator_type": "L4",
+                                                             "runtime_env": {"env_vars": {"X": "1"}}}
+
+
+def test_accelerator_type_of_a_cpu_replica_is_logged_not_passed(caplog):
+    """Ray's Serve quick-start sets accelerator_type="A10G"; a transformers replica without GPUs has none to match."""
+    with caplog.at_level(logging.WARNING, logger="fleetllm.serve"):
+        cfg = LLMConfig(model_loading_config=ModelLoadingConfig(model_id="m"), engine="transformers",
+                        accelerator_type="A10G")
+    assert "accelerator_type" not in cfg.deployment_options()["ray_actor_options"]
+    assert "A10G" in caplog.text
+    gpu = LLMConfig(model_loading_config=ModelLoadingConfig(model_id="m"), engine="transformers",
+                    accelerator_type="A10G", deployment_config={"ray_actor_options": {"num_gpus": 1}})
+    assert gpu.deployment_options()["ray_actor_options"]["accelerator_type"] == "A10G"
 
 
 def test_http_request_worker_retries_and_records_failures():

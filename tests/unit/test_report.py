@@ -1,4 +1,4 @@
-"""`fleetllm report`: the page drawn from an output folder's run.json, manifest and data files."""
+"""`fleetllm report`: the page drawn from an output folder's run record (_SUCCESS, or an older run.json), manifest and data files."""
 
 import json
 import re
@@ -12,7 +12,7 @@ from fleetllm.report.data import error_kind, load
 from fleetllm.report.html import write_report
 
 
-def make_output(root):
+def make_output(root, record="_SUCCESS"):
     (root / "_fleetllm").mkdir(parents=True)
     rows = [{"row_id": f"r{i}", "num_input_tokens": 20 + i, "num_generated_tokens": 5 + i % 3,
              "error": None} for i in range(6)]
@@ -29,16 +29,17 @@ def make_output(root):
                       "replicas": [{"replica": 0, "node": "n1", "ready_s": 1.0, "rows": 3},
                                    {"replica": 1, "node": "n2", "ready_s": 1.2, "rows": 3}],
                       "time_split_s": {"start_up": 1.0, "generation": 3.5, "commit": 0.5, "other": 0.2}}}
-    (root / "run.json").write_text(json.dumps(run))
+    (root / record).write_text(json.dumps(run))
 
 
-def test_report_has_every_chart_and_the_errors_by_kind(tmp_path):
-    make_output(tmp_path)
+@pytest.mark.parametrize("record", ["_SUCCESS", "run.json"])  # run.json: a folder of an earlier version
+def test_report_has_every_chart_and_the_errors_by_kind(tmp_path, record):
+    make_output(tmp_path, record)
     data = load(str(tmp_path))
     assert data.input_tokens == [20, 21, 22, 23, 24, 25] and len(data.output_tokens) == 4
     assert data.node_rows == {"n1": 3, "n2": 3}
     write_report(str(tmp_path))
-    page = (tmp_path / "report.html").read_text()
+    page = (tmp_path / "_fleetllm" / "report.html").read_text()
     assert re.findall(r'data-chart="([^"]+)"><svg', page) == [
         "Throughput", "Time split", "Input tokens", "Output tokens", "Replicas", "Nodes"]
     assert "<code>r4</code>" in page and "<code>r5</code>" in page
@@ -52,5 +53,5 @@ def test_error_kinds_mask_values():
 
 
 def test_a_folder_without_a_run_says_what_to_give(tmp_path):
-    with pytest.raises(InputError, match="no run.json"):
+    with pytest.raises(InputError, match=r"no run record \(_SUCCESS"):
         load(str(tmp_path))

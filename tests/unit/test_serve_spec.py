@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetllm.cli import main
-from fleetllm.engines.transformers_stream import _held_back
+from fleetllm.engines.stream_text import _held_back
 from fleetllm.errors import SpecError
 from fleetllm.serve import LLMConfig
 from fleetllm.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -92,9 +92,10 @@ def test_request_models_check_types_and_ranges():
     with pytest.raises(APIError, match="`unknown_new_field` is not a request field fleetllm knows") as err:
         unknown.engine_sampling()  # nothing is dropped silently (fleetllm.engines.fields)
     assert err.value.status == 400 and err.value.param == "unknown_new_field"
+    # a custom role is passed to the chat template, as `vllm serve` does (issue 39)
+    assert ChatCompletionRequest.model_validate({"messages": [{"role": "robot", "content": "x"}]}).messages
     for bad in ({"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
-                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
-                {"messages": [{"role": "robot", "content": "x"}]}):
+                {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate(bad)
     assert CompletionRequest.model_validate({"prompt": ["one"]}).prompt == "one"
@@ -106,3 +107,21 @@ def test_stop_string_prefixes_are_held_back_while_streaming():
     assert _held_back("Hello wor", ["world"]) == 3
     assert _held_back("Hello", ["world"]) == 0
     assert _held_back("a\n", ["\n\n", "xyz"]) == 1
+
+
+def test_serve_model_form_builds_the_spec_as_vllm_serve_flags_say(capsys, tmp_path):
+    """`fleetllm serve MODEL [--flags]` beside `fleetllm serve serve.yaml`; --api-key in both."""
+    from fleetllm.cli import main
+
+    assert main(["serve", "smollm2-135m-instruct", "--dry-run", "--served-model-name", "smol", "--engine",
+                 "transformers", "--max-model-len", "2048", "--api-key", "sk-abc", "--replicas", "2"]) == 0
+    plan = capsys.readouterr().out
+    assert "(api key: required)" in plan and "model 'smol': source smollm2-135m-instruct, engine transformers" in plan
+    assert "2 replica(s)" in plan and "engine_kwargs: {'max_model_len': 2048}" in plan
+    spec = tmp_path / "serve.yaml"
+    spec.write_text("models:\n  - model_id: m\n    source: smollm2-135m-instruct\n")
+    assert main(["serve", str(spec), "--dry-run"]) == 0 and "(api key: none)" in capsys.readouterr().out
+    assert main(["serve", str(spec), "--dry-run", "--api-key", "sk-abc"]) == 0
+    assert "(api key: required)" in capsys.readouterr().out
+    assert main(["serve", str(spec), "--dry-run", "--max-model-len", "9"]) == 2
+    assert "--max-model-len applies to `fleetllm serve MODEL`" in capsys.readouterr().err

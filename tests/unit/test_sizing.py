@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import doctest
+import json
+import os
+import shutil
+import subprocess
+import sys
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +125,15 @@ def test_plan_for_spec_reads_the_job_spec():
         tp2 = plan_for_spec(ModelSpec(engine="auto", engine_kwargs={"tensor_parallel_size": 2}),
                             ComputeSpec(replicas="auto"), GPU8)
         assert (tp2.engine, tp2.replicas, tp2.uses_placement_group) == ("vllm", 4, True)
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_local_cpus_follow_what_the_process_may_use_not_the_machine():
+    """Ray's cgroup-aware detection, bounded by the CPU affinity (a pinned container): on one allowed CPU a
+    local run sizes for 1 (+1 for the read tasks), whatever os.cpu_count() says."""
+    probe = ("import json, os; from fleetllm import sizing; from fleetllm.batch.job_plan import local_resources; "
+             "print(json.dumps([os.cpu_count(), sizing.detected_cpus(), sizing.local_cpus(1), local_resources()['CPU']]))")
+    out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    machine, detected, local, planned = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (detected, local, planned) == (1, 2, 1.0), (machine, detected, local, planned)

@@ -13,8 +13,8 @@ def test_cpu_defaults_fill_only_what_the_user_left_out(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     kwargs = VLLMEngine("m", {"max_model_len": 512}).vllm_kwargs(on_cpu=True)
     assert kwargs == {"max_model_len": 512, "disable_log_stats": True, "enforce_eager": True,
-                      "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
-    user = {"enforce_eager": False, "gpu_memory_utilization": 0.2}
+                      "dtype": "float32", "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    user = {"enforce_eager": False, "gpu_memory_utilization": 0.2, "dtype": "bfloat16"}
     assert VLLMEngine("m", user).vllm_kwargs(on_cpu=True) == {**user, "disable_log_stats": True}
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert "kv_cache_memory_bytes" not in VLLMEngine("m").vllm_kwargs(on_cpu=True)

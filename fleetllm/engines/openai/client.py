@@ -165,6 +165,7 @@ class QueryClient:
         clock: Callable[[], float] = time.monotonic,
         rand: Callable[[], float] = _random.random,
         openai_client: Any = None,
+        headers: dict[str, str] | None = None,
         max_response_bytes: int = 64 * 2 ** 20,
     ) -> None:
         if openai_client is None:
@@ -173,7 +174,8 @@ class QueryClient:
             from fleetllm.engines.openai.answers import capped_http_client
 
             openai_client = AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
-                                        max_retries=0, http_client=capped_http_client(max_response_bytes, timeout_s))
+                                        max_retries=0, http_client=capped_http_client(max_response_bytes, timeout_s),
+                                        default_headers=headers or None)
         self.openai = openai_client
         self.model = model
         self.base_url = base_url

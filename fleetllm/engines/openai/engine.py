@@ -22,7 +22,7 @@ import os
 from concurrent.futures import Future
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetllm.engines.base import (
     Completion, EmbeddingRequest, EmbeddingResult, Engine, GenerationRequest, GenerationResult, clean_sampling,
@@ -47,7 +47,8 @@ class OpenAIEngineKwargs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str = Field(..., description="Endpoint root, e.g. http://127.0.0.1:8000/v1.")
+    base_url: str = Field(..., description="Endpoint root, e.g. http://127.0.0.1:8000/v1; default: $OPENAI_BASE_URL "
+                          "(as the openai client reads it).")
     api_key: str | None = Field(None, description="API key; default: the variable named by api_key_env.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key.")
     model: str | None = Field(None, description="Served model id; default: model.source.")
@@ -64,6 +65,18 @@ class OpenAIEngineKwargs(BaseModel):
         64.0, gt=0, description="Size cap of one response body, in MiB: a larger answer is refused unread past "
         "it (read as a stream) and kept as the row's error.")
     aimd: AIMDConfig = Field(default_factory=AIMDConfig, description="Adaptive concurrency settings.")
+    headers: dict[str, str] = Field(default_factory=dict, description="HTTP headers sent with every request.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _base_url_from_environment(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("base_url") is None:
+            url = os.environ.get("OPENAI_BASE_URL")
+            if not url:
+                raise ValueError("base_url is missing: set engine_kwargs.base_url (e.g. http://127.0.0.1:8000/v1) "
+                                 "or $OPENAI_BASE_URL")
+            data = {**data, "base_url": url}
+        return data
 
 
 def parse_engine_kwargs(kwargs: dict[str, Any]) -> OpenAIEngineKwargs:
@@ -172,6 +185,7 @@ class OpenAIHTTPEngine(Engine):
     async def _make_client(self) -> QueryClient:
         return QueryClient(base_url=self.settings.base_url, model=self.served_model, api_key=self.api_key,
                            timeout_s=self.settings.timeout_s, retry=self.retry, controller=self.controller,
+                           headers=self.settings.headers,
                            max_response_bytes=int(self.settings.max_response_mb * 2 ** 20))
 
     def _run(self, coro) -> Future:

@@ -1,0 +1,185 @@
+"""Interactive latency with and without a Batch API batch running on the same `fleetllm serve` (issue 34,
+must-show 3), side by side in one call.
+
+Per round (rounds interleaved, medians reported, the count said):
+  1. alone:      `vllm bench serve` (openai-chat, random IN in / OUT out, --ignore-eos) at --concurrency;
+  2. with batch: a --batch-size request batch (the same lengths, ignore_eos) is created through the openai
+                 client; once it runs, the same interactive load; the server's total output tokens/s over that
+                 window (interactive + batch, from /metrics); then the batch is cancelled;
+  3. peak:       the same load alone at --peak-concurrency (the server's peak output tokens/s).
+Ratios: interactive TTFT p50 / p99 and ITL p99 with batch over alone (target <= 1.25), total tok/s with batch
+over peak (target >= 0.9). Prints the table, writes JSON.
+
+    # GPU (8B shape, dummy weights; see /work/shared/gpu/README.md for the machine's setup):
+    python3 benchmarks/batch_api_interference.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --rounds 3 \
+        --out benchmarks/results/batch_api_interference.json
+    # CPU smoke (tiny scale, the transformers engine and the embedded model):
+    python benchmarks/batch_api_interference.py --model smollm2-135m-instruct --engine transformers \
+        --input-len 32 --output-len 16 --concurrency 2 --peak-concurrency 8 --prompts 8 --batch-size 48 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serve_gpu import bench_argv, run_bench, save, summarize  # noqa: E402
+from serve_servers import Server, bench_env  # noqa: E402
+
+RATIOS = (("ttft_p50", "median_ttft_ms"), ("ttft_p99", "p99_ttft_ms"), ("itl_p99", "p99_itl_ms"))
+
+
+def start_server(args, model: str, work: Path) -> Server:
+    import yaml
+
+    kwargs = {**({"load_format": "dummy"} if args.shape else {}), **json.loads(args.engine_kwargs)}
+    if args.engine == "vllm" and shutil.which("nvidia-smi"):
+        kwargs.setdefault("gpu_memory_utilization", 0.9)
+    spec = {"name": "batchbench", "host": "127.0.0.1", "port": args.port, "models": [{
+        "model_id": "bench", "source": model, "engine": args.engine, "engine_kwargs": kwargs,
+        "max_ongoing_requests": args.max_ongoing, "max_queued_requests": max(256, args.max_ongoing),
+        "gpus_per_replica": 1.0 if shutil.which("nvidia-smi") else 0.0}],
+        "batches": {"path": str(work / "batches"), "shard_rows": args.shard_rows}}
+    (work / "serve.yaml").write_text(yaml.safe_dump(spec))
+    server = Server("fleetllm", [sys.executable, "-m", "fleetllm", "serve", str(work / "serve.yaml")], args.port,
+                    bench_env(), work / "serve.log").start()
+    if not server.wait_ready(args.start_timeout_s):
+        raise RuntimeError(f"fleetllm serve did not start:\n{server.tail()}")
+    return server
+
+
+def batch_lines(model_dir: str, args) -> bytes:
+    """--batch-size chat requests of ~input-len prompt tokens and output-len generated tokens each."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from gpu_workloads import _text_of_tokens
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rng = random.Random(0)
+    texts = [_text_of_tokens(tok, rng, args.input_len) for _ in range(min(64, args.batch_size))]
+    lines = [{"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "bench", "messages": [{"role": "user", "content": f"{i} " + texts[i % len(texts)]}],
+                       "max_tokens": args.output_len, "ignore_eos": True, "temperature": 0}}
+             for i in range(args.batch_size)]
+    return "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
+
+
+def output_tokens(url: str) -> float:
+    """Interactive + batch output tokens the server has counted (/metrics)."""
+    import httpx
+
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    pattern = r'^fleetllm_(?:batch_)?output_tokens_total\{[^}]*\} ([0-9.e+]+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> dict:
+    """Start the batch, wait until it computes, run the interactive load, measure, cancel."""
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.time() + args.start_timeout_s
+    tokens0 = output_tokens(server.url)
+    while output_tokens(server.url) - tokens0 < args.output_len * 2 and time.time() < deadline:
+        time.sleep(0.5)  # the batch's job started and its rows are being answered
+    t0, tok0 = time.time(), output_tokens(server.url)
+    result, _ = run_bench(argv)
+    wall, toks = time.time() - t0, output_tokens(server.url) - tok0
+    state = client.batches.retrieve(batch.id)
+    client.batches.cancel(batch.id)
+    while client.batches.retrieve(batch.id).status not in ("cancelled", "completed", "failed", "expired"):
+        time.sleep(0.5)
+    run = summarize(result)
+    run.update(total_output_tok_s=round(toks / wall, 1), batch_completed_during=state.request_counts.completed,
+               batch_status_during=state.status)
+    return run
+
+
+def ratios(rounds: list[dict]) -> dict:
+    out = {}
+    for name, key in RATIOS:
+        vals = [r["with_batch"][key] / r["alone"][key] for r in rounds if r["alone"].get(key)]
+        out[f"{name}_ratio"] = round(statistics.median(vals), 3) if vals else None
+    vals = [r["with_batch"]["total_output_tok_s"] / r["peak"]["output_throughput"] for r in rounds]
+    out["total_tok_s_vs_peak"] = round(statistics.median(vals), 3)
+    return out
+
+
+def print_table(doc: dict) -> None:
+    med = lambda leg, key: statistics.median(r[leg][key] for r in doc["rounds"])  # noqa: E731
+    print(f"\n{len(doc['rounds'])} round(s), medians; interactive c={doc['args']['concurrency']}, "
+          f"{doc['args']['input_len']} in / {doc['args']['output_len']} out; batch {doc['args']['batch_size']} requests")
+    print(f"{'metric':<26}{'alone':>12}{'with batch':>12}{'ratio':>8}  target")
+    for name, key in RATIOS:
+        print(f"{name + ' (ms)':<26}{med('alone', key):>12.1f}{med('with_batch', key):>12.1f}"
+              f"{doc['summary'][name + '_ratio']:>8.2f}  <= 1.25")
+    print(f"{'total output tok/s':<26}{med('peak', 'output_throughput'):>12.1f}"
+          f"{med('with_batch', 'total_output_tok_s'):>12.1f}{doc['summary']['total_tok_s_vs_peak']:>8.2f}  >= 0.9 "
+          f"(alone: peak at c={doc['args']['peak_concurrency']})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model folder or alias (default: the --shape folder made from --tokenizer-dir)")
+    p.add_argument("--tokenizer-dir", help="a tokenizer folder (SmolLM2's) for the dummy-weight --shape models")
+    p.add_argument("--shape", default=None, help="llama3-8b-shape (GPU) | smollm2-135m-shape | tiny-shape")
+    p.add_argument("--engine", default="vllm")
+    p.add_argument("--engine-kwargs", default="{}")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--peak-concurrency", type=int, default=256)
+    p.add_argument("--prompts", type=int, default=128, help="interactive requests per load run")
+    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--max-ongoing", type=int, default=256, help="the replica's max_ongoing_requests")
+    p.add_argument("--shard-rows", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmups", type=int, default=2)
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--start-timeout-s", type=float, default=600)
+    p.add_argument("--out", default="benchmarks/results/batch_api_interference.json")
+    args = p.parse_args()
+    import openai
+
+    work = Path(tempfile.mkdtemp(prefix="batchbench-"))
+    model = args.model
+    if args.shape:
+        from gpu_workloads import make_models
+
+        model = make_models(args.tokenizer_dir, work / "models")[args.shape]
+    from fleetllm import models as fm
+
+    model_dir = fm.resolve(model).path
+    doc = {"args": vars(args), "rounds": [], "summary": {}}
+    server = start_server(args, model, work)
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="EMPTY", max_retries=2, timeout=600)
+        file_id = client.files.create(file=("batch.jsonl", batch_lines(model_dir, args)), purpose="batch").id
+        argv = lambda c, n: bench_argv(server, model_dir, args, c, None, n)  # noqa: E731
+        peak_prompts = max(args.prompts, 2 * args.peak_concurrency)  # every slot busy for two waves
+        for r in range(args.rounds):
+            rnd = {"alone": summarize(run_bench(argv(args.concurrency, args.prompts))[0]),
+                   "with_batch": with_batch(server, client, file_id, argv(args.concurrency, args.prompts), args),
+                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts))[0])}
+            doc["rounds"].append(rnd)
+            doc["summary"] = ratios(doc["rounds"])
+            save(doc, Path(args.out))
+            print(f"round {r + 1}: {json.dumps(doc['summary'])}", flush=True)
+    finally:
+        server.stop()
+    print_table(doc)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

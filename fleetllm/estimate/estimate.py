@@ -1,0 +1,152 @@
+"""A job's estimate from its shape and a throughput profile: tokens, wall time for the planned
+replicas, GPU-hours, money, with a range; and the ETA of a running job from the same model. Pure.
+
+The range: the fit's relative error (at least RANGE_FLOOR) either side of the generation time, and,
+when no output lengths were seen for the job yet, outputs between a quarter of max_tokens and all of
+it (the estimate itself then assumes max_tokens: the upper end).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fleetllm.estimate.model import CONTINUOUS, Rates, Work, predict_work
+
+RANGE_FLOOR = 0.10
+DEFAULT_OVERHEAD_S = 3.0  # planning, commits, teardown: until a run of this profile measured them
+PROBE_ROWS = 48
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the job will compute (fleetllm.batch.estimate_job builds it from a plan)."""
+
+    rows: int  # rows still to compute
+    prompt_tokens: int  # of those rows (counted, or extrapolated from a sample: `prompt_tokens_how`)
+    prompt_tokens_how: str
+    cached_prompt_tokens: int  # of them, expected from the engine's prefix cache
+    rows_past_context: int  # prompts (+1 token) past the model's context: an error each, no output
+    n: int
+    max_tokens: int
+    lengths: tuple[int, ...]  # output tokens per completion seen for this job; () = none yet
+    lengths_how: str
+    structured: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the plan runs it: replicas, what each reserves, its batching, and the price."""
+
+    replicas: int
+    gpus_per_replica: float
+    cpus_per_replica: float
+    rows_per_call: int
+    concurrency: int  # rows a continuous-batching replica holds at once
+    batching: str
+    price_per_accelerator_hour: float | None = None
+
+
+def replica_work(shape: JobShape, layout: Layout, lengths: tuple[int, ...], rows: int | None = None) -> Work:
+    rows_ok = shape.rows - shape.rows_past_context if rows is None else rows
+    per_replica = math.ceil(max(0, rows_ok) / max(1, layout.replicas))
+    prompt = shape.prompt_tokens / shape.rows if shape.rows else 0.0
+    cached = shape.cached_prompt_tokens / shape.prompt_tokens if shape.prompt_tokens else 0.0
+    return Work(per_replica, prompt, min(1.0, cached), lengths, shape.n, layout.batching, layout.rows_per_call,
+                max(1, layout.concurrency))
+
+
+def length_cases(shape: JobShape) -> dict[str, tuple[int, ...]]:
+    """Output lengths for the estimate and the ends of its range."""
+    if shape.lengths:
+        return {"mid": shape.lengths, "low": shape.lengths, "high": shape.lengths}
+    top = (shape.max_tokens,)
+    return {"mid": top, "low": (max(1, shape.max_tokens // 4),), "high": top}
+
+
+def accelerators(layout: Layout) -> float:
+    """Accelerators the plan holds: GPUs, or on CPU replicas the replicas themselves."""
+    return layout.replicas * layout.gpus_per_replica if layout.gpus_per_replica > 0 else float(layout.replicas)
+
+
+def estimate(shape: JobShape, layout: Layout, rates: Rates | None, startup_s: float = 0.0,
+             overhead_s: float | None = None, profile: str | None = None) -> dict[str, Any]:
+    """The estimate as run.json and `--dry-run --json` carry it (wall_s None: no profile yet)."""
+    cases = length_cases(shape)
+    rows_ok = max(0, shape.rows - shape.rows_past_context)
+    tokens = {k: round(rows_ok * shape.n * sum(v) / len(v)) for k, v in cases.items()}
+    out: dict[str, Any] = {
+        "rows": shape.rows, "prompt_tokens": shape.prompt_tokens, "prompt_tokens_how": shape.prompt_tokens_how,
+        "cached_prompt_tokens": shape.cached_prompt_tokens, "rows_past_context": shape.rows_past_context,
+        "n": shape.n, "structured": shape.structured,
+        "output_tokens": tokens["mid"], "output_tokens_how": shape.lengths_how,
+        "replicas": layout.replicas, "batching": layout.batching, "profile": profile,
+        "wall_s": None, "gpu_hours": None, "cost": None,
+        "range": {"output_tokens": [tokens["low"], tokens["high"]]},
+    }
+    if rates is None:
+        return out
+    u = max(RANGE_FLOOR, 2 * rates.rel_error)
+    fixed = startup_s + (DEFAULT_OVERHEAD_S if overhead_s is None else overhead_s)
+    gen = {k: predict_work(rates, replica_work(shape, layout, v)) for k, v in cases.items()}
+    wall = {"mid": fixed + gen["mid"], "low": fixed + gen["low"] * (1 - u), "high": fixed + gen["high"] * (1 + u)}
+    hours = {k: accelerators(layout) * v / 3600 for k, v in wall.items()}
+    out.update(wall_s=round(wall["mid"], 1), generation_s=round(gen["mid"], 1), startup_s=round(startup_s, 1),
+               overhead_s=round(fixed - startup_s, 1), relative_uncertainty=round(u, 3),
+               gpu_hours=round(hours["mid"], 4) if layout.gpus_per_replica > 0 else 0.0,
+               accelerator_hours=round(hours["mid"], 4))
+    out["range"].update(wall_s=[round(wall["low"], 1), round(wall["high"], 1)],
+                        accelerator_hours=[round(hours["low"], 4), round(hours["high"], 4)])
+    price = layout.price_per_accelerator_hour
+    if price is not None:
+        out["cost"] = round(hours["mid"] * price, 4)
+        out["range"]["cost"] = [round(hours["low"] * price, 4), round(hours["high"] * price, 4)]
+    return out
+
+
+def probe_cost(shape: JobShape, probe_rows: int = PROBE_ROWS) -> dict[str, Any]:
+    """What `fleetllm calibrate` would compute: its rows and tokens on one replica."""
+    rows = min(probe_rows, shape.rows)
+    per_row = shape.prompt_tokens / shape.rows if shape.rows else 0
+    return {"rows": rows, "prompt_tokens": round(rows * per_row), "output_tokens_at_most": rows * shape.n * shape.max_tokens,
+            "replicas": 1}
+
+
+class Eta:
+    """Seconds left of a running job from the model: the work of the rows left, with the output length
+    and the speed corrected by what the rows done so far measured (weighted by how much is done), so
+    the ETA is tokens left at measured rates. Without rates: output tokens left at the measured tok/s."""
+
+    def __init__(self, shape: JobShape, layout: Layout, rates: Rates | None) -> None:
+        self.shape, self.layout, self.rates = shape, layout, rates
+        self.prior = length_cases(shape)["mid"]
+        self.prior_mean = sum(self.prior) / len(self.prior)
+
+    def seconds_left(self, rows_done: int, output_tokens_done: int, elapsed_s: float) -> float | None:
+        rows_total = max(0, self.shape.rows - self.shape.rows_past_context)
+        left = max(0, rows_total - rows_done)
+        if rows_done <= 0 or elapsed_s <= 0:
+            return None
+        frac = rows_done / max(1, rows_total)
+        w = frac / (frac + 0.02)
+        seen_mean = output_tokens_done / (rows_done * self.shape.n)
+        mean = self.prior_mean + w * (seen_mean - self.prior_mean)
+        if self.rates is None:
+            rate = output_tokens_done / elapsed_s
+            return left * self.shape.n * mean / rate if rate > 0 else None
+        scale = mean / self.prior_mean if self.prior_mean else 1.0
+        lengths = tuple(max(0, round(x * scale)) for x in self.prior)
+        seen = tuple(max(0, round(x * seen_mean / self.prior_mean)) for x in self.prior) if self.prior_mean else lengths
+        done_pred = predict_work(self.rates, replace(replica_work(self.shape, self.layout, seen, rows_done)))
+        left_pred = predict_work(self.rates, replica_work(self.shape, self.layout, lengths, left))
+        speed = elapsed_s / done_pred if done_pred > 0 else 1.0
+        return left_pred * (1 + w * (speed - 1))
+
+
+def concurrency_for(batching: str, rows_per_call: int, in_flight: int, max_num_seqs: int | None) -> int:
+    """Rows a replica's engine holds at once: a static batch is one call; a continuous one all in flight."""
+    if batching != CONTINUOUS:
+        return rows_per_call
+    held = rows_per_call * in_flight
+    return min(held, max_num_seqs) if max_num_seqs else held

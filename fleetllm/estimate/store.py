@@ -1,0 +1,154 @@
+"""Throughput profiles and output lengths under $FLEETLLM_HOME, reused by later jobs.
+
+    $FLEETLLM_HOME/profiles/<key>.json   one per model x engine x engine version x accelerator x
+                                         parallelism: the observed engine calls, start-up times,
+                                         per-run overheads, and the fit (fleetllm.estimate.model)
+    $FLEETLLM_HOME/lengths/<job>.json    the output tokens per completion seen for a job (by its key:
+                                         the same model, engine, prompt and sampling)
+
+A probe (`fleetllm calibrate`) and every run add to them; files are replaced atomically (write, then
+rename), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetllm.estimate.model import Call, Rates, fit
+
+MAX_CALLS = 400  # observations kept per profile (the newest)
+MAX_LENGTHS = 2000  # output lengths kept per job
+
+
+def home() -> Path:
+    from fleetllm.models import fleetllm_home
+
+    return fleetllm_home()
+
+
+def accelerator(gpus_per_replica: float, cpus_per_replica: float) -> str:
+    """What a replica computes on: the GPU's name (from the NVIDIA driver's files, no torch) or the CPU
+    model with the replica's CPUs."""
+    if gpus_per_replica > 0:
+        for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        return "gpu"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} x{cpus_per_replica:g} cpu"
+
+
+@dataclass
+class Profile:
+    key: dict[str, Any]
+    batching: str
+    calls: list[Call] = field(default_factory=list)
+    startup_s: list[float] = field(default_factory=list)
+    overhead_s: list[float] = field(default_factory=list)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    max_model_len: int | None = None
+
+    @property
+    def name(self) -> str:
+        return profile_name(self.key)
+
+    def rates(self) -> Rates:
+        return fit(self.calls)
+
+    def startup(self) -> float:
+        return _median(self.startup_s) or 0.0
+
+    def overhead(self) -> float | None:
+        return _median(self.overhead_s)
+
+    def add(self, calls: list[Call], source: dict[str, Any], startup_s: float | None = None,
+            overhead_s: float | None = None) -> None:
+        self.calls = (self.calls + list(calls))[-MAX_CALLS:]
+        if startup_s is not None and startup_s > 0:
+            self.startup_s = (self.startup_s + [round(startup_s, 3)])[-20:]
+        if overhead_s is not None and overhead_s >= 0:
+            self.overhead_s = (self.overhead_s + [round(overhead_s, 3)])[-20:]
+        self.sources = (self.sources + [{**source, "at": round(time.time(), 3), "calls": len(calls)}])[-50:]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"key": self.key, "batching": self.batching, "max_model_len": self.max_model_len,
+               "startup_s": self.startup_s, "overhead_s": self.overhead_s, "sources": self.sources,
+               "calls": [c.to_dict() for c in self.calls]}
+        if self.calls:
+            out["fit"] = self.rates().as_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
+                   list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"))
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def profile_name(key: dict[str, Any]) -> str:
+    text = "-".join(str(key[k]) for k in ("model", "engine", "engine_version", "parallelism"))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:100] + "-" + digest
+
+
+def profile_path(key: dict[str, Any]) -> Path:
+    return home() / "profiles" / f"{profile_name(key)}.json"
+
+
+def load_profile(key: dict[str, Any]) -> Profile | None:
+    path = profile_path(key)
+    if not path.exists():
+        return None
+    return Profile.from_dict(json.loads(path.read_text()))
+
+
+def save_profile(profile: Profile) -> Path:
+    path = profile_path(profile.key)
+    _write_json(path, profile.to_dict())
+    return path
+
+
+def lengths_path(job_key: str) -> Path:
+    return home() / "lengths" / f"{job_key}.json"
+
+
+def load_lengths(job_key: str) -> dict[str, Any] | None:
+    """{"lengths": [...], "source": "probe"|"run", ...} seen for this job, or None."""
+    path = lengths_path(job_key)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def save_lengths(job_key: str, lengths: list[int], source: str, job: str) -> None:
+    if not lengths:
+        return
+    _write_json(lengths_path(job_key), {"job": job, "source": source, "at": round(time.time(), 3),
+                                        "lengths": [int(x) for x in lengths[-MAX_LENGTHS:]]})
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)

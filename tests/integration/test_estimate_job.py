@@ -1,0 +1,148 @@
+"""Estimates on real jobs (issue 37): `fleetllm run --dry-run --json` with and without a profile, a
+run that keeps its estimate in its run record (_SUCCESS) and teaches the profile, and compute.deadline sizing or
+refusing a plan. The tiny random-weight model on the transformers engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetllm.batch.estimate_job import (
+    apply_deadline,
+    cached_tokens,
+    job_shape,
+    profile_key,
+)
+from fleetllm.batch.estimate_probe import call_sizes
+from fleetllm.batch.job_plan import plan_job
+from fleetllm.cli import main
+from fleetllm.errors import PlanError
+from fleetllm.estimate import store
+from fleetllm.estimate.deadline import DeadlineError
+from fleetllm.estimate.model import STATIC, Call
+from fleetllm.spec import JobSpec
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def write_job(tmp_path, tiny_model, rows: int = 24, **compute) -> tuple[str, dict]:
+    import yaml
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "text": f"question number {i} about " + "word " * (i % 7)}) + "\n"
+                            for i in range(rows)))
+    job = {"name": "est", "model": {"source": tiny_model, "engine": "transformers"},
+           "input": {"path": str(data), "id_column": "id"}, "prompt": {"template": "{text}"},
+           "sampling": {"max_tokens": 8, "temperature": 0.0},
+           "output": {"path": str(tmp_path / "out"), "format": "jsonl", "shard_rows": 4},
+           "compute": {"batch_size": 4, **compute}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return str(path), job
+
+
+def dry_run_json(path: str, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["run", path, "--dry-run", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def synthetic_profile(plan, per_seq_step: float) -> None:
+    """A profile whose calls take 0.01 s per step + `per_seq_step` per sequence-step (+ prefill)."""
+    calls = []
+    for rows in (1, 2, 4, 8):
+        for out in (4, 8, 16):
+            c = Call(1, rows * 20, out, rows * out, rows * out * 24, 0.0)
+            calls.append(Call(1, c.prefill_tokens, c.steps, c.seq_steps, c.ctx_steps,
+                              0.02 + 0.001 * c.prefill_tokens + 0.01 * out + per_seq_step * rows * out))
+    profile = store.Profile(profile_key(plan), STATIC)
+    profile.add(calls, {"kind": "test"}, startup_s=5.0)
+    store.save_profile(profile)
+
+
+def test_dry_run_json_counts_prompt_tokens_and_says_no_profile(home, tmp_path, tiny_model, capsys):
+    from transformers import AutoTokenizer
+
+    path, job = write_job(tmp_path, tiny_model)
+    out = dry_run_json(path, capsys)
+    est = out["estimate"]
+    assert est["wall_s"] is None and est["no_profile"]["probe"]["rows"] == 24
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [json.loads(x) for x in Path(job["input"]["path"]).read_text().splitlines()]
+    expected = sum(len(tok(tok.apply_chat_template([{"role": "user", "content": r["text"]}], tokenize=False,
+                                                   add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+                   for r in rows)
+    assert est["prompt_tokens"] == expected and est["prompt_tokens_how"].startswith("counted")
+    assert est["output_tokens"] == 24 * 8 and est["range"]["output_tokens"] == [24 * 2, 24 * 8]
+
+    plan = plan_job(JobSpec.model_validate(job), dry_run=True)
+    synthetic_profile(plan, 0.002)
+    est = dry_run_json(path, capsys)["estimate"]
+    assert est["wall_s"] > 5.0 and est["range"]["wall_s"][0] < est["wall_s"] < est["range"]["wall_s"][1]
+    assert est["gpu_hours"] == 0.0 and est["profile"]
+
+
+def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, tiny_model):
+    _, job = write_job(tmp_path, tiny_model, rows=400, replicas="auto", cpus_per_replica=1)
+    spec = JobSpec.model_validate({**job, "compute": {**job["compute"], "deadline": "10h"}})
+    plan = plan_job(spec, dry_run=True, resources={"CPU": 8})
+    synthetic_profile(plan, 0.05)  # 400 rows x 8 steps x 4-row calls: minutes on one replica
+    shape = job_shape(plan)
+    with pytest.raises(PlanError, match="needs a throughput profile"):
+        store.profile_path(profile_key(plan)).unlink()
+        apply_deadline(plan, shape)
+    synthetic_profile(plan, 0.05)
+    assert apply_deadline(plan, shape)["replicas"] == 1 and plan.replicas == 1  # 10h: one is enough
+    spec.compute.deadline = "60s"
+    plan = plan_job(spec, dry_run=True, resources={"CPU": 8})
+    chosen = apply_deadline(plan, shape)
+    assert 1 < chosen["replicas"] < 8 and plan.replicas == chosen["replicas"]
+    assert any("deadline 60s" in line for line in plan.describe())
+    plan = plan_job(spec, dry_run=True, resources={"CPU": 2})
+    with pytest.raises(DeadlineError, match=r"cannot be met: 1m00s left, and with the most replicas the cluster "
+                                            r"allows \(2\).*meeting it needs \d+ replicas"):
+        apply_deadline(plan, shape)
+
+
+def test_run_keeps_its_estimate_and_teaches_the_profile(home, tmp_path, tiny_model, capsys):
+    path, _ = write_job(tmp_path, tiny_model, rows=24)
+    assert main(["run", path]) == 0
+    report = json.loads((tmp_path / "out" / "_SUCCESS").read_text())  # the run record
+    est = report["estimate"]
+    assert est["at_start"]["rows"] == 24 and est["at_start"]["wall_s"] is None  # no profile before this run
+    assert est["actual"]["output_tokens"] == report["output_tokens_computed"]
+    assert est["eta_log"]["points"] and est["eta_log"]["points"][-1][1] == 24
+    profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
+    assert profile["sources"][-1]["kind"] == "run" and profile["calls"] and profile["startup_s"]
+    after = dry_run_json(path, capsys)["estimate"]
+    assert after["wall_s"] is not None and "previous run" in after["output_tokens_how"]
+
+
+def test_prefix_cache_and_probe_sizes():
+    doc = list(range(40))
+    assert cached_tokens([doc + [1, 2], doc + [3, 4], doc + [5]]) == 2 * 32  # whole 16-token blocks, repeats only
+    assert cached_tokens([doc, doc]) == 32  # never the whole prompt (its last block is computed again)
+    assert call_sizes(12, 4) == [1, 2, 4, 4, 1]
+    assert call_sizes(3, 16) == [1, 2]
+
+
+def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, tiny_model, capsys):
+    path, _ = write_job(tmp_path, tiny_model, rows=10)
+    capsys.readouterr()
+    assert main(["calibrate", path, "--rows", "7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    calls = out["calls"]
+    assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls[:3]] == [1, 2, 4]  # the job's rows: 1, 2, 4
+    assert [c["steps"] for c in calls[3:5]] == [48, 48]  # then the fixed shapes: 48 tokens forced at 1 and 4 rows
+    assert len({c["steps"] for c in calls}) > 1  # every other call cut to a quarter of max_tokens
+    profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
+    assert profile["sources"][-1] == {**profile["sources"][-1], "kind": "probe", "rows": 7}
+    assert profile["startup_s"] and len(profile["calls"]) == len(calls)
+    assert len(json.loads(next((home / "lengths").glob("*.json")).read_text())["lengths"]) == 1 + 4  # full calls
+    assert out["estimate"]["wall_s"] is not None and not (tmp_path / "out").exists()

@@ -1,0 +1,205 @@
+"""The throughput model (fleetllm.estimate): fitting the step time, planned calls, the estimate and its
+range, the ETA, deadlines, observations from engine rows, and the profile store. Pure: no engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fleetllm.estimate import store
+from fleetllm.estimate.deadline import (
+    DeadlineError,
+    choose_replicas,
+    parse_deadline,
+    seconds_until,
+)
+from fleetllm.estimate.estimate import Eta, JobShape, Layout, estimate
+from fleetllm.estimate.model import (
+    CONTINUOUS,
+    STATIC,
+    Call,
+    Work,
+    expected_max,
+    fit,
+    planned_calls,
+    predict_work,
+)
+from fleetllm.estimate.observe import (
+    CallRows,
+    RowTokens,
+    call_from_rows,
+    group_calls,
+    window_from_calls,
+)
+
+TRUE = (0.05, 0.002, 0.01, 0.003, 0.0004)  # per call, per prefill token, per step, per seq-step, per ctx kstep
+
+
+def simulated(call: Call) -> Call:
+    """A call whose duration follows TRUE exactly (what an engine with that step time would take)."""
+    return Call(call.calls, call.prefill_tokens, call.steps, call.seq_steps, call.ctx_steps,
+                sum(k * f for k, f in zip(TRUE, call.features())))
+
+
+def probe_calls(batching: str) -> list[Call]:
+    calls = []
+    for rows in (1, 2, 4, 8, 16):
+        for prompt, out in ((50, 16), (400, 64), (200, 128)):
+            w = Work(rows, prompt, 0.0, (out,), 1, batching, rows, rows)
+            calls += [simulated(c) for c in planned_calls(w)]
+    return calls
+
+
+@pytest.mark.parametrize("batching", [STATIC, CONTINUOUS])
+def test_fit_recovers_the_step_time_and_extrapolates(batching):
+    rates = fit(probe_calls(batching))
+    assert rates.rel_error < 1e-6
+    big = Work(1000, 300, 0.0, (40, 80, 120), 1, batching, 32, 64)  # a job bigger than anything probed
+    truth = sum(simulated(c).seconds for c in planned_calls(big))
+    assert predict_work(rates, big) == pytest.approx(truth, rel=1e-3)
+    assert rates.prefill_tokens_per_s() == pytest.approx(1 / TRUE[1], rel=1e-3)
+    assert rates.decode_tokens_per_s(8, 1000) == pytest.approx(8 / (TRUE[2] + 8 * TRUE[3] + 8 * TRUE[4]), rel=1e-3)
+
+
+def test_fit_needs_a_timed_call():
+    with pytest.raises(ValueError, match="no engine call"):
+        fit([Call(1, 10, 1, 1, 1, 0.0)])
+
+
+def test_expected_max_is_the_order_statistic():
+    assert expected_max([10, 20], 1) == pytest.approx(15)
+    assert expected_max([10, 20], 2) == pytest.approx(20 * 0.75 + 10 * 0.25)
+    assert expected_max(list(range(1, 101)), 64) > 98
+    assert expected_max([], 4) == 0
+
+
+def test_static_calls_pay_for_the_longest_row_and_continuous_ones_do_not():
+    lengths = (8,) * 15 + (128,)
+    static = Work(64, 100, 0.0, lengths, 1, STATIC, 16, 16)
+    cont = Work(64, 100, 0.0, lengths, 1, CONTINUOUS, 16, 16)
+    s, c = planned_calls(static), planned_calls(cont)
+    assert sum(x.calls for x in s) == 4 and len(c) == 1 and c[0].calls == 4
+    assert sum(x.seq_steps for x in s) > 3 * c[0].seq_steps  # padding: every row of a call for the longest
+    assert c[0].seq_steps == pytest.approx(64 * sum(lengths) / 16)
+
+
+def shape(**kw) -> JobShape:
+    base = dict(rows=1000, prompt_tokens=200_000, prompt_tokens_how="counted", cached_prompt_tokens=0,
+                rows_past_context=0, n=1, max_tokens=100, lengths=(50,) * 10, lengths_how="probe")
+    return JobShape(**{**base, **kw})
+
+
+LAYOUT = Layout(replicas=2, gpus_per_replica=1, cpus_per_replica=4, rows_per_call=64, concurrency=256,
+                batching=CONTINUOUS, price_per_accelerator_hour=3.0)
+
+
+def test_estimate_has_wall_time_hours_cost_and_a_range():
+    rates = fit(probe_calls(CONTINUOUS))
+    e = estimate(shape(), LAYOUT, rates, startup_s=30, overhead_s=5, profile="p")
+    assert e["output_tokens"] == 50_000
+    lo, hi = e["range"]["wall_s"]
+    assert lo < e["wall_s"] < hi
+    assert e["wall_s"] == pytest.approx(35 + e["generation_s"], abs=0.2)
+    assert e["gpu_hours"] == pytest.approx(2 * e["wall_s"] / 3600, rel=1e-2)
+    assert e["cost"] == pytest.approx(3.0 * e["gpu_hours"], rel=1e-2)
+    one = estimate(shape(), Layout(**{**LAYOUT.__dict__, "replicas": 1}), rates, 30, 5)
+    assert one["generation_s"] > 1.8 * e["generation_s"]
+
+
+def test_estimate_accounts_for_cache_n_context_and_unknown_lengths():
+    rates = fit(probe_calls(CONTINUOUS))
+    base = estimate(shape(), LAYOUT, rates)
+    assert estimate(shape(cached_prompt_tokens=150_000), LAYOUT, rates)["generation_s"] < base["generation_s"]
+    assert estimate(shape(n=3), LAYOUT, rates)["output_tokens"] == 3 * base["output_tokens"]
+    assert estimate(shape(rows_past_context=100), LAYOUT, rates)["output_tokens"] == 45_000
+    unknown = estimate(shape(lengths=()), LAYOUT, rates)
+    assert unknown["output_tokens"] == 100_000 and unknown["range"]["output_tokens"] == [25_000, 100_000]
+    none = estimate(shape(), LAYOUT, None)
+    assert none["wall_s"] is None and none["output_tokens"] == 50_000
+
+
+def test_eta_follows_measured_speed_and_lengths():
+    rates = fit(probe_calls(STATIC))
+    sh = shape(rows=640, prompt_tokens=640 * 100)
+    lay = Layout(1, 0, 2, 16, 16, STATIC)
+    eta = Eta(sh, lay, rates)
+    work = lambda rows: predict_work(rates, Work(rows, 100, 0, (50,) * 10, 1, STATIC, 16, 16))
+    on_model = eta.seconds_left(64, 64 * 50, work(64))
+    assert on_model == pytest.approx(work(576), rel=0.02)
+    slower = eta.seconds_left(64, 64 * 50, 2 * work(64))
+    assert slower > 1.3 * on_model
+    assert eta.seconds_left(0, 0, 1.0) is None
+    no_rates = Eta(sh, lay, None).seconds_left(64, 3200, 32.0)  # 100 tok/s measured, 576 rows x 50 left
+    assert no_rates == pytest.approx(576 * 50 / 100)
+
+
+def test_deadline_forms():
+    assert parse_deadline("90m") == ("duration", 5400)
+    assert parse_deadline("1h30m") == ("duration", 5400)
+    assert parse_deadline("1d")[1] == 86400
+    kind, ts = parse_deadline("2026-12-06T08:00:00Z")
+    assert kind == "time" and seconds_until("2026-12-06T08:00:00Z", ts - 60) == pytest.approx(60)
+    assert parse_deadline("2026-12-06 08:00")[1] == ts  # no zone: UTC
+    with pytest.raises(ValueError, match="neither a duration"):
+        parse_deadline("tomorrow")
+
+
+def test_choose_replicas_takes_the_fewest_and_refuses_with_the_shortfall():
+    wall = lambda k: (60 + 1200 / k, 60 + 1320 / k)
+    k, why = choose_replicas(wall, 480, 8, "8m", "the cluster has room for")
+    assert k == 4 and "4 replica(s)" in why  # 3 replicas: up to 500 s, past the 480
+    with pytest.raises(DeadlineError) as err:
+        choose_replicas(wall, 300, 2, "5m", "the cluster has room for")
+    msg = str(err.value)
+    assert "cannot be met" in msg and "(2)" in msg and "needs 6 replicas (4 more than the 2 the cluster has room for)" in msg
+    with pytest.raises(DeadlineError, match="already passed"):
+        choose_replicas(wall, -5, 2, "2020-01-01T00:00:00", "x")
+
+
+def test_observations_from_engine_rows():
+    rows = [{"_replica": "r", "_started": 1.0, "_finished": 3.0, "num_input_tokens": 100, "_cached_tokens": 32,
+             "num_generated_tokens": out, "sampling_params": json.dumps({"n": 1})} for out in (10, 30)]
+    rows.append({"_replica": "r", "_started": 1.0, "_finished": 3.0, "error": "too long"})
+    [call] = group_calls(rows)
+    assert len(call.rows) == 2
+    static = call_from_rows(call, STATIC)
+    assert (static.prefill_tokens, static.steps, static.seq_steps, static.seconds) == (136, 30, 60, 2.0)
+    cont = call_from_rows(call, CONTINUOUS)
+    assert cont.seq_steps == 40 and cont.ctx_steps == pytest.approx(10 * 105 + 30 * 115)
+    two = [CallRows(0.0, 10.0, (RowTokens(10, 0, 100),) * 4), CallRows(5.0, 15.0, (RowTokens(10, 0, 100),) * 4)]
+    w = window_from_calls(two)
+    assert w.seconds == 15 and w.calls == 2 and w.seq_steps == 800
+    assert w.steps == pytest.approx(800 / (80 / 15))  # average concurrency 80 row-seconds / 15 s
+
+
+def test_profile_store_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path))
+    key = {"model": "m", "engine": "vllm", "engine_version": "0.1", "accelerator": "cpu", "parallelism": "tp1"}
+    assert store.load_profile(key) is None
+    p = store.Profile(key, CONTINUOUS)
+    p.add(probe_calls(CONTINUOUS), {"kind": "probe", "job": "j"}, startup_s=12.0, overhead_s=2.0)
+    path = store.save_profile(p)
+    assert path.parent == tmp_path / "profiles"
+    back = store.load_profile(key)
+    assert back.startup() == 12.0 and back.overhead() == 2.0 and len(back.calls) == len(p.calls)
+    assert json.loads(path.read_text())["fit"]["rel_error"] < 1e-6
+    store.save_lengths("fp", [1, 2, 3], "probe", "j")
+    assert store.load_lengths("fp")["lengths"] == [1, 2, 3]
+    assert not math.isnan(back.rates().coef[0])
+
+
+def test_dry_run_lines_say_what_is_known():
+    from fleetllm.estimate.describe import describe
+
+    rates = fit(probe_calls(CONTINUOUS))
+    e = estimate(shape(rows_past_context=3, cached_prompt_tokens=1000), LAYOUT, rates, 30, 5, profile="p")
+    text = "\n".join(describe(e))
+    assert "prompt tokens 200,000 (counted), 1,000 expected from the prefix cache" in text
+    assert "3 row(s) have prompts past the model's context" in text
+    assert "with 2 replica(s)" in text and "GPU-hours" in text and "cost" in text
+    none = estimate(shape(lengths=()), LAYOUT, None)
+    none["no_profile"] = {"probe": {"rows": 48, "prompt_tokens": 9600, "output_tokens_at_most": 4800}}
+    text = "\n".join(describe(none))
+    assert "no profile yet" in text and "48 rows" in text and "max_tokens" not in text.split("time:")[1]

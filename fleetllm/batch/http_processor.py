@@ -13,12 +13,16 @@ base_retry_wait_time_in_s x 2^attempt; a row that still fails gets `http_respons
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 RETRIED_STATUS = (408, 429, 500, 502, 503, 504)
+TIMEOUT_S = 600.0  # one request's wait for its answer
 
 
 class HttpRequestProcessorConfig(BaseModel):
@@ -37,46 +41,46 @@ class HttpRequestProcessorConfig(BaseModel):
 
     def model_post_init(self, __context: Any) -> None:
         if self.session_factory is not None:
-            raise ValueError("session_factory: fleetllm sends requests with httpx; leave it out")
+            raise ValueError("session_factory: fleetllm sends the requests itself (urllib); leave it out")
 
 
 class HttpCaller:
-    """One worker: an HTTP client reused across its rows."""
+    """One worker: POSTs each row's payload (the standard library's urllib: no client dependency)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import httpx
-
         self.config = HttpRequestProcessorConfig.model_validate(config)
-        self.client = httpx.Client(headers=self.config.headers or {}, timeout=600)
+        self.headers = {"Content-Type": "application/json", **(self.config.headers or {})}
         self.next_at = 0.0
 
-    def _post(self, payload: Any) -> dict[str, Any]:
-        import httpx
+    def _send(self, payload: Any) -> Any:
+        request = urllib.request.Request(self.config.url, data=json.dumps(payload).encode(), headers=self.headers,
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return json.loads(response.read())
 
+    def _post(self, payload: Any) -> Any:
         c = self.config
         for attempt in range(c.max_retries + 1):
             if c.qps:
                 time.sleep(max(0.0, self.next_at - time.monotonic()))
                 self.next_at = time.monotonic() + 1.0 / c.qps
             try:
-                resp = self.client.post(c.url, json=payload)
-                if resp.status_code not in RETRIED_STATUS or attempt == c.max_retries:
-                    resp.raise_for_status()
-                    return resp.json()
-            except httpx.TransportError:
+                return self._send(payload)
+            except urllib.error.HTTPError as exc:  # answered with an error status
+                if exc.code not in RETRIED_STATUS or attempt == c.max_retries:
+                    raise
+            except OSError:  # not answered: refused, reset, timed out (URLError is an OSError)
                 if attempt == c.max_retries:
                     raise
             time.sleep(c.base_retry_wait_time_in_s * 2 ** attempt)
         raise AssertionError("unreachable")
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        import httpx
-
         try:
             row["http_response"], row["error"] = self._post(row.get("payload")), None
-        except (httpx.HTTPError, ValueError) as exc:
-            detail = getattr(getattr(exc, "response", None), "text", "")
-            row["http_response"], row["error"] = None, f"{type(exc).__name__}: {exc} {detail[:500]}".strip()
+        except (OSError, ValueError) as exc:  # HTTPError, URLError, timeouts; an answer that is not JSON
+            detail = exc.read().decode(errors="replace")[:500] if isinstance(exc, urllib.error.HTTPError) else ""
+            row["http_response"], row["error"] = None, f"{type(exc).__name__}: {exc} {detail}".strip()
         return row
 
 

@@ -8,6 +8,7 @@ Sources (ray-project/ray):
 - doc/source/data/doc_code/working-with-llms/basic_llm_example.py @ 240738c34f40b25a44858b43af652e748bea1735
 - doc/source/data/doc_code/working-with-llms/tokenization_aggregation_example.py @ 7cf44582c11b2516ad91162f618ba1f57f81ab06
 - doc/source/data/doc_code/working-with-llms/tokenization_disaggregation_example.py @ 4fcdee0bb418a4e633d93fa10e9d3820c12033dd
+- doc/source/data/doc_code/working-with-llms/embedding_example.py @ 6e4f371ed2f9d2b72d47e6e335d7daa68634a4d8
 - python/ray/data/llm.py (Ray 2.60.0 docstrings: build_processor's builder_kwargs and map_kwargs examples)
 - python/ray/serve/llm/__init__.py (Ray 2.60.0 docstrings: build_openai_app with LLMServingArgs)
 - doc/source/data/doc_code/working-with-llms/openai_api_example.py @ 240738c34f40b25a44858b43af652e748bea1735
@@ -33,6 +34,7 @@ SKIPPED = {
     "vlm_example.py, vlm_image_example.py, vlm_video_example.py, omni_audio_example.py":
         "images, video and audio in the batch processor (fleetllm's processor takes text)",
     "serve_deployment_example.py": "ServeDeploymentProcessorConfig (not claimed)",
+    "serve_multimodal_example.py": "ServeDeploymentProcessorConfig and images through Qwen3.5-4B (neither claimed)",
     "classification_example.py": "task_type='classify' on a sequence classification model (not claimed; refused)",
     "custom_tokenizer_example.py": "all stages disabled, `tokenized_prompt` in and `generated_tokens` out of the "
                                    "engine stage (fleetllm's engine stage takes messages/prompt and returns text)",
@@ -159,8 +161,13 @@ def test_tokenization_examples(stages, detokenize):
     assert rows[0]["resp"]
 
 
-def test_embedding_config_example(embedding_model):
-    """basic_llm_example.py's __embedding_config_example__ (task_type embed)."""
+@pytest.mark.parametrize("stages", [
+    dict(apply_chat_template=False, detokenize=False),
+    dict(chat_template_stage=False, detokenize_stage=False),
+], ids=["basic_llm_example __embedding_config_example__", "embedding_example.py"])
+def test_embedding_examples(embedding_model, stages):
+    """basic_llm_example.py's __embedding_config_example__ (the legacy flags) and embedding_example.py (the
+    stage configs): task_type embed, otherwise the same code."""
     import ray
 
     embedding_config = vLLMEngineProcessorConfig(
@@ -174,8 +181,7 @@ def test_embedding_config_example(embedding_model):
         ),
         batch_size=32,
         concurrency=1,
-        apply_chat_template=False,
-        detokenize=False,
+        **stages,
     )
     processor = build_llm_processor(
         embedding_config,

@@ -15,6 +15,7 @@ from fleetllm.batch.io import GROUPED_FORMAT, describe_files
 from fleetllm.batch.plan import plan_shards
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.shard_rows import read_shard_rows
+from fleetllm.testing.batch_client import document_lines
 
 TEMPLATE = "Read the document and answer.\n\nDocument:\n{doc}\n\nQuestion: {question}"
 
@@ -196,29 +197,6 @@ def test_replica_lanes_keep_each_grouped_file_on_one_lane_balanced_and_determini
     assert prefix.replica_lanes(one_file, 4) == [one_file]  # no empty lanes
 
 
-def batch_lines(docs: int, questions: int, seed: int = 0) -> list[dict]:
-    """OpenAI Batch request lines: each document asked several questions, chat lines (some with content
-    parts, some with their message keys in another order) and completions lines, shuffled."""
-    rng = random.Random(seed)
-    texts = [f"Document {d}. " + " ".join(rng.choice(["alpha", "beta", "gamma"]) for _ in range(80)) for d in range(docs)]
-    lines = []
-    for d in range(docs):
-        for q in range(questions):
-            ask = f"What is word {q} of document {d}?"
-            if d % 3 == 2:
-                body = {"model": "m", "prompt": f"{texts[d]}\n{ask}", "max_tokens": 3, "seed": q}
-                url = "/v1/completions"
-            else:
-                user = ({"content": [{"type": "text", "text": texts[d]}, {"type": "text", "text": f"\n{ask}"}],
-                         "role": "user"} if q % 2 else {"role": "user", "content": f"{texts[d]}\n{ask}"})
-                body = {"model": "m", "messages": [{"role": "system", "content": "Answer briefly."}, user],
-                        "max_tokens": 3, "temperature": 0.5, "metadata": {"doc": d}}
-                url = "/v1/chat/completions"
-            lines.append({"custom_id": f"d{d}q{q}", "method": "POST", "url": url, "body": body})
-    rng.shuffle(lines)
-    return lines
-
-
 def test_openai_batch_lines_key_on_their_messages_in_order_or_their_prompt():
     from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
@@ -248,7 +226,7 @@ def test_openai_batch_input_is_grouped_keeping_every_field_of_each_line(tmp_path
     from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
     from fleetllm.spec import JobSpec
 
-    lines = batch_lines(docs=70, questions=4)
+    lines = document_lines(docs=70, questions=4)
     text = [json.dumps(x) for x in lines]
     text.insert(57, "{not json")
     (tmp_path / "batch.jsonl").write_text("\n".join(text) + "\n")

@@ -46,7 +46,8 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
             else:
                 raise ValueError(f"must be a whole number, got {v!r}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise ValueError(f"must be between {lo} and {hi}, got {v}" if hi is not None else f"must be >= {lo}, got {v}")
+            raise ValueError(f"must be between {lo} and {hi}, got {v}" if hi is not None
+                             else f"must be >= {lo}, got {v}")
         return v
     return check
 

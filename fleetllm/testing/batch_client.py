@@ -23,14 +23,15 @@ def document_lines(docs: int, questions: int, model: str = "m", max_tokens: int 
     import random
 
     rng = random.Random(seed)
-    texts = [f"Document {d}. " + " ".join(rng.choice(["alpha", "beta", "gamma"]) for _ in range(80)) for d in range(docs)]
+    words = ["alpha", "beta", "gamma"]
+    texts = [f"Document {d}. " + " ".join(rng.choice(words) for _ in range(80)) for d in range(docs)]
     lines = []
     for d in range(docs):
         for q in range(questions):
             ask = f"What is word {q} of document {d}?"
             if d % 3 == 2:
-                url, body = "/v1/completions", {"model": model, "prompt": f"{texts[d]}\n{ask}", "max_tokens": max_tokens,
-                                                "seed": q}
+                url = "/v1/completions"
+                body = {"model": model, "prompt": f"{texts[d]}\n{ask}", "max_tokens": max_tokens, "seed": q}
             else:
                 user = ({"content": [{"type": "text", "text": texts[d]}, {"type": "text", "text": f"\n{ask}"}],
                          "role": "user"} if q % 2 else {"role": "user", "content": f"{texts[d]}\n{ask}"})

@@ -83,10 +83,7 @@ MODEL_DEPENDENT: dict[str, str] = {
                                          "the 1000-token limit; it passed once on `vllm serve` and failed once on "
                                          "each fleetllm engine (the vllm engine runs vLLM's own structured outputs)",
 }
-NOT_CLAIMED_ON: dict[str, dict[str, str]] = {  # engine -> test -> why that engine does not claim it
-    "vllm": {"test_echo_logprob_completion": "`echo` with `logprobs` is refused naming `echo` on the vllm engine "
-                                             "(fleetllm does not ask vLLM for prompt logprobs)"},
-}
+NOT_CLAIMED_ON: dict[str, dict[str, str]] = {}  # engine -> test -> why that engine does not claim it
 
 
 def _reason(name: str, engine: str) -> str | None:

@@ -38,8 +38,8 @@ MODULES = {
 }
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     os.environ.get("FLEETLLM_PEER") != "1",
-    reason="vLLM's server tests run with `make peer` (FLEETLLM_PEER=1): ~4 min per engine, kept out of `make test` "
-           "until their run is verified green on both engines")]
+    reason="vLLM's server tests run with `make peer` (FLEETLLM_PEER=1): ~5 min for both engines, kept out of "
+           "`make test` for their time (green on both engines: docs/serving.md)")]
 
 
 def portable(text: str) -> str:

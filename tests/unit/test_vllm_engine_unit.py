@@ -33,3 +33,23 @@ def test_generate_before_start_is_an_engine_error():
 def test_to_plain_unwraps_numpy_values():
     np = pytest.importorskip("numpy")
     assert to_plain({"stop": np.array(["a", "b"]), "seed": np.int64(3)}) == {"stop": ["a", "b"], "seed": 3}
+
+
+def test_prompt_logprobs_from_vllm_become_echo_entries():
+    # vLLM's prompt_logprobs: None for the first token, then {token_id: Logprob(logprob, rank, decoded_token)}
+    # holding the prompt's token and the `top` likeliest; a token vLLM left undecoded is decoded here
+    from types import SimpleNamespace as Lp
+
+    from fleetllm.engines.vllm_outputs import prompt_logprob_entries
+
+    positions = [None, {7: Lp(logprob=-2.0, rank=3, decoded_token=" b"), 5: Lp(logprob=-0.5, rank=1, decoded_token="x"),
+                        6: Lp(logprob=-1.0, rank=2, decoded_token="y")},
+                 {8: Lp(logprob=-0.1, rank=1, decoded_token=None)}]
+    entries = prompt_logprob_entries([4, 7, 8], positions, 2, lambda ids: f"<{ids[0]}>")
+    assert entries == [
+        {"token": "<4>", "logprob": None, "top_logprobs": None},
+        {"token": " b", "logprob": -2.0,
+         "top_logprobs": [{"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -1.0}]},
+        {"token": "<8>", "logprob": -0.1, "top_logprobs": [{"token": None, "logprob": -0.1}]},
+    ]
+    assert prompt_logprob_entries([4, 7], positions[:2], 0, str)[1]["top_logprobs"] == []

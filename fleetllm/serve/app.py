@@ -42,7 +42,9 @@ def build_openai_app(builder_config: dict[str, Any]):
             "ingress": "auto" | "direct" | "separate" (default auto: direct for one model with the default
             routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front),
             "batch_store": a folder or object-store URL: serve /v1/files and /v1/batches over it (the batches
-            run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one)}.
+            run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one),
+            "router_cls": Ray's PrefixCacheAffinityRouter (class or import path): `routing: prefix_affinity` for
+            every model, "router_config": that router's keyword arguments (imbalanced_threshold, ...)}.
 
     Returns:
         A bound Ray Serve application; start it with `ray.serve.run(app)`.
@@ -57,14 +59,18 @@ def build_openai_app(builder_config: dict[str, Any]):
 
     from fleetllm.errors import SpecError
     from fleetllm.secrets import check_api_key
-    from fleetllm.serve.ray_names import serving_args
+    from fleetllm.serve.ray_names import builder_router, serving_args
     from fleetllm.serve.spec import IngressMode, choose_ingress
 
     builder_config = serving_args(builder_config)  # Ray's LLMServingArgs too
+    try:
+        router_kwargs = builder_router(builder_config)  # Ray's router_cls / router_config
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
-                        "ingress, batch_store)")
+                        "ingress, batch_store, router_cls, router_config)")
     batch_store = builder_config.get("batch_store")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
@@ -75,6 +81,8 @@ def build_openai_app(builder_config: dict[str, Any]):
                for c in builder_config.get("llm_configs") or []]
     if not configs:
         raise SpecError("build_openai_app needs at least one LLMConfig in llm_configs")
+    if router_kwargs is not None:
+        configs = [c.model_copy(update={"routing": "prefix_affinity"}) for c in configs]
     ids = [c.model_id for c in configs]
     if len(set(ids)) != len(ids):
         raise SpecError(f"model ids {ids} repeat; give each LLMConfig its own model_id")
@@ -104,7 +112,7 @@ def build_openai_app(builder_config: dict[str, Any]):
         if cfg.routing == "prefix_affinity":
             from fleetllm.serve.routing import router_config
 
-            opts["request_router_config"] = router_config(opts["max_ongoing_requests"])
+            opts["request_router_config"] = router_config(opts["max_ongoing_requests"], router_kwargs)
         handles[cfg.model_id] = LLMServer.options(**opts).bind(cfg.model_dump())
     front = OpenAIIngress.options(**deployments.OpenAiIngress.get_deployment_options(configs))
     return front.bind(handles, builder_config.get("api_key"), batch_store)

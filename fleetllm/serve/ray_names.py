@@ -4,7 +4,8 @@
 PrefixCacheAffinityRouter is `routing: prefix_affinity`; `placement_group_config` and `log_engine_metrics` are
 accepted and logged (fleetllm reserves GPUs by count, `ray_actor_options.num_gpus`, and always serves vLLM's
 metrics); `accelerator_type` and `runtime_env` are LLMConfig fields (to the replicas' actor options);
-`LLMServingArgs` is the builder's argument.
+`LLMServingArgs` is the builder's argument; its `router_cls` naming PrefixCacheAffinityRouter is
+`routing: prefix_affinity` for every model, tuned by `router_config` (the router's keyword arguments).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ LOGGED = {  # accepted and not used: why
     "log_engine_metrics": "vLLM's metrics are always on /metrics",
 }
 PREFIX_ROUTER = "PrefixCacheAffinityRouter"
+ROUTER_KWARGS = {"imbalanced_threshold", "match_rate_threshold", "do_eviction", "eviction_threshold_chars",
+                 "eviction_target_chars", "eviction_interval_secs"}  # PrefixCacheAffinityRouter's
 
 
 class LLMServingArgs(BaseModel):
@@ -35,18 +38,44 @@ def serving_args(value: Any) -> dict[str, Any]:
     return value.model_dump() if isinstance(value, BaseModel) else dict(value)
 
 
+def _routing(cls: Any, where: str) -> str | None:
+    """The routing a Ray router class (a class or its import path) asks for: prefix_affinity, None (the
+    default, power of two); another router is refused, named."""
+    name = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
+    if name.rsplit(":", 1)[-1].rsplit(".", 1)[-1] == PREFIX_ROUTER:
+        return "prefix_affinity"
+    if name and "PowerOfTwo" not in name:
+        raise ValueError(f"{where}: router {name!r} is not one fleetllm runs; use {PREFIX_ROUTER} "
+                         "(routing: prefix_affinity) or leave it out (power of two)")
+    return None
+
+
 def _router(deployment: dict[str, Any], data: dict[str, Any]) -> None:
     router = deployment.pop("request_router_config", None)
     if router is None:
         return
     cls = router.get("request_router_class", "") if isinstance(router, dict) else getattr(
         router, "request_router_class", "")
-    name = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
-    if name.rsplit(":", 1)[-1].rsplit(".", 1)[-1] == PREFIX_ROUTER:
+    if _routing(cls, "deployment_config.request_router_config") == "prefix_affinity":
         data.setdefault("routing", "prefix_affinity")
-    elif name and "PowerOfTwo" not in name:
-        raise ValueError(f"deployment_config.request_router_config: router {name!r} is not one fleetllm runs; use "
-                         f"{PREFIX_ROUTER} (routing: prefix_affinity) or leave it out (power of two)")
+
+
+def builder_router(builder_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Pop build_openai_app's `router_cls` / `router_config` (Ray's LLMServingArgs): the prefix router's keyword
+    arguments when `router_cls` names PrefixCacheAffinityRouter, None for the default router. Another router,
+    `router_config` without it or a keyword the router does not take is refused, named."""
+    cls, kwargs = builder_config.pop("router_cls", None), dict(builder_config.pop("router_config", None) or {})
+    routing = _routing(cls, "build_openai_app router_cls") if cls is not None else None
+    if routing is None:
+        if kwargs:
+            raise ValueError(f"build_openai_app router_config {sorted(kwargs)}: give router_cls={PREFIX_ROUTER} "
+                             "with it (the default router takes no router_config)")
+        return None
+    unknown = sorted(set(kwargs) - ROUTER_KWARGS)
+    if unknown:
+        raise ValueError(f"build_openai_app router_config keys {unknown} are not {PREFIX_ROUTER}'s; use "
+                         f"{sorted(ROUTER_KWARGS)}")
+    return kwargs
 
 
 def normalize(data: Any) -> Any:

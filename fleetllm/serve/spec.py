@@ -301,6 +301,9 @@ class LLMConfig(ServedEngineSpec):
         unknown = sorted(set(value) - DEPLOYMENT_KEYS)
         if unknown:
             raise ValueError(f"deployment_config keys {unknown} are not supported; use {sorted(DEPLOYMENT_KEYS)}")
+        if value.get("num_replicas") == "auto":
+            raise ValueError("deployment_config num_replicas='auto' is not supported; give autoscaling_config "
+                             "(min_replicas, max_replicas) for Ray Serve's autoscaling")
         if "autoscaling_config" in value and "num_replicas" in value:
             raise ValueError("give either num_replicas or autoscaling_config in deployment_config, not both")
         return value

@@ -160,3 +160,27 @@ def test_http_request_worker_retries_and_records_failures():
         server.shutdown()
     with pytest.raises(ValidationError, match="session_factory"):
         HttpRequestProcessorConfig(url="http://x", session_factory=object())
+
+
+def test_builder_router_cls_and_router_config():
+    """Ray's prefix-aware-routing guide: build_openai_app({"router_cls": PrefixCacheAffinityRouter, "router_config":
+    {...}}) is `routing: prefix_affinity` for every model, with the router's keyword arguments as given."""
+    from fleetllm.serve.ray_names import builder_router
+    from fleetllm.serve.routing import router_config
+
+    given = {"llm_configs": [], "router_cls": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+             "router_config": {"imbalanced_threshold": 10, "match_rate_threshold": 0.1}}
+    kwargs = builder_router(given)
+    assert kwargs == {"imbalanced_threshold": 10, "match_rate_threshold": 0.1} and set(given) == {"llm_configs"}
+    assert router_config(32, kwargs).request_router_kwargs == kwargs
+    assert router_config(32).request_router_kwargs == {"imbalanced_threshold": 8}
+    assert builder_router({"router_cls": "PowerOfTwoChoicesRequestRouter"}) is None
+    for bad, named in (({"router_cls": "my.Router"}, "my.Router"), ({"router_config": {"x": 1}}, "router_cls"),
+                       ({"router_cls": "PrefixCacheAffinityRouter", "router_config": {"x": 1}}, "'x'")):
+        with pytest.raises(ValueError, match=named):
+            builder_router(bad)
+
+
+def test_num_replicas_auto_is_refused_by_name():
+    with pytest.raises(ValidationError, match="num_replicas='auto'"):
+        LLMConfig(model_loading_config=dict(model_id="m"), deployment_config={"num_replicas": "auto"})

@@ -3,7 +3,7 @@
 Each example is Ray's code with only the import (`ray.data.llm` -> `fleetllm`; vLLMEngineProcessorConfig
 imported as fleetllm's TransformersEngineProcessorConfig, the engine this CPU machine runs), the model (the
 embedded smollm2-135m-instruct / all-minilm-l6-v2) and the sizes (max_tokens, batch sizes) changed.
-Sources (ray-project/ray):
+Sources (ray-project/ray, Apache License 2.0; the adapted examples below are Ray's, under that license):
 - doc/source/data/doc_code/working-with-llms/minimal_quickstart.py @ 1658f595a39735cd0329f5a935dab465b82158a2
 - doc/source/data/doc_code/working-with-llms/basic_llm_example.py @ 240738c34f40b25a44858b43af652e748bea1735
 - doc/source/data/doc_code/working-with-llms/tokenization_aggregation_example.py @ 7cf44582c11b2516ad91162f618ba1f57f81ab06

@@ -36,7 +36,8 @@ class EndpointError(EngineError):
     model is not served, the endpoint cannot be reached): the job stops and commits nothing for them."""
 
 
-def validation_problems(errors: list[dict], root: str = "(top level)", skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def validation_problems(errors: list[dict], root: str = "(top level)",
+                        skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """pydantic's error list (`ValidationError.errors()`) -> (where, what) pairs in words, the one wording
     of every spec, settings object and request body: an unknown field, a missing one, a cross-field check's
     own message, or the message with the value given. `skip`: location parts to leave out (FastAPI's

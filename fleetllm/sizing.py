@@ -139,7 +139,8 @@ def _parallel_size(engine_kwargs: Mapping[str, Any], key: str) -> int:
 
 def parallel_size(engine_kwargs: Mapping[str, Any]) -> int:
     """GPUs one vLLM replica spans: tensor_parallel_size x pipeline_parallel_size."""
-    return _parallel_size(engine_kwargs, "tensor_parallel_size") * _parallel_size(engine_kwargs, "pipeline_parallel_size")
+    tp = _parallel_size(engine_kwargs, "tensor_parallel_size")
+    return tp * _parallel_size(engine_kwargs, "pipeline_parallel_size")
 
 
 def replica_gpus(engine: str, engine_kwargs: Mapping[str, Any], requested: float | None, gpus_present: bool) -> float:

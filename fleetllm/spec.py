@@ -274,7 +274,8 @@ class ComputeSpec(StrictModel):
         "same shards, next to each other, so the engine's prefix cache computes each prefix once. on: always "
         "(the input is partitioned once into OUT/_fleetllm/grouped/; output rows keep their row_id, in prefix "
         "order); auto: on when a sample of the rows shows shared prefixes and the job has >= 256 rows; off: "
-        "input order. Generate jobs on their own template/messages/prompt (not openai_batch input).")
+        "input order. Generate jobs, keyed on their own template/messages/prompt (openai_batch input: each line's "
+        "messages or prompt); never embed jobs.")
     wait_for: WaitFor | None = Field(None, description="Resources to wait for before starting.")
     wait_timeout_s: float = Field(600.0, gt=0, description="How long to wait for `wait_for`.")
     deadline: str | None = Field(

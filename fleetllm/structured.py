@@ -73,7 +73,9 @@ class StructuredOutput:
             return None, None
         cut = " (generation stopped at max_tokens: raise max_tokens)" if finish_reason == "length" else ""
         if self.kind == "choice":
-            return None, None if text in self.value else f"the output {_short(text)} is not one of the choices {list(self.value)}{cut}"
+            if text in self.value:
+                return None, None
+            return None, f"the output {_short(text)} is not one of the choices {list(self.value)}{cut}"
         if self.kind == "regex":
             try:
                 ok = re.fullmatch(self.value, text, flags=re.DOTALL) is not None
@@ -172,7 +174,8 @@ def from_structured_outputs(value: Any) -> StructuredOutput | None:
     """vLLM's `structured_outputs`: exactly one of json, json_object, regex, choice, grammar."""
     value = _drop_nulls(value)
     if not isinstance(value, dict):
-        raise RowError(f"structured_outputs must be an object such as {{\"json\": <schema>}}, got {type(value).__name__}")
+        raise RowError("structured_outputs must be an object such as {\"json\": <schema>}, "
+                       f"got {type(value).__name__}")
     unknown = sorted(set(value) - set(KINDS) - set(OPTIONS))
     if unknown:
         raise RowError(f"structured_outputs has field(s) {unknown} that fleetllm does not honour; "

@@ -19,8 +19,8 @@ MAX_WIDTH = 10_000  # characters a field may be padded to
 MAX_PRECISION = 100  # digits of a number rendered with e, E, f, F, g, G or %
 NUMERIC_TYPES = set("eEfFgG%")
 # Python's standard format spec: [[fill]align][sign][z][#][0][width][grouping][.precision][type]
-FORMAT_SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d+)?[,_]?(?:\.(?P<precision>\d+))?(?P<type>[bcdeEfFgGnosxX%])?",
-                         re.DOTALL)
+FORMAT_SPEC = re.compile(r"(?:.?[<>=^])?[-+ ]?z?#?0?(?P<width>\d+)?[,_]?"
+                         r"(?:\.(?P<precision>\d+))?(?P<type>[bcdeEfFgGnosxX%])?", re.DOTALL)
 FIX = "write columns as {column} (or {column[key]} for a nested value) and literal braces as {{ and }}"
 
 

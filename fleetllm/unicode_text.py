@@ -28,7 +28,8 @@ def lone_surrogate(value: Any, where: str = "") -> str | None:
         found = LONE_SURROGATE.search(value)
         if found is None:
             return None
-        return f"{where or 'the text'} holds a lone UTF-16 surrogate U+{ord(found.group()):04X} at character {found.start()}"
+        return (f"{where or 'the text'} holds a lone UTF-16 surrogate U+{ord(found.group()):04X} "
+                f"at character {found.start()}")
     if isinstance(value, dict):
         for key, item in value.items():
             path = f"{where}.{key}" if where else str(key)

@@ -1,6 +1,7 @@
 """A batch as a fleetllm job: its job spec (openai_batch in, openai_batch out, engine openai against this
-server's own URL, so every row goes through the served replicas' engines) and the partial finalize of a
-cancelled or expired batch (output.jsonl / errors.jsonl from the shards committed so far)."""
+server's own URL, so every row goes through the served replicas' engines; lines grouped by prompt prefix)
+and the partial finalize of a cancelled or expired batch (output.jsonl / errors.jsonl from the shards
+committed so far)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def job_spec(store: BatchStore, batch: dict[str, Any], base_url: str, model: str
                                     "headers": {BATCH_HEADER: batch["id"]}, "aimd": aimd}},
         "input": {"path": store.url_of(input_file["path"]), "format": "openai_batch"},
         "output": {"path": store.job_url(batch["id"]), "format": "openai_batch", "shard_rows": shard_rows},
-        "compute": {"batches_in_flight": max(1, -(-max_in_flight // shard_rows))},
+        # lines sharing a prompt prefix run together, so the replicas' prefix cache computes it once
+        # (fleetllm.batch.prefix; auto: only where a sample of the lines shows shared prefixes)
+        "compute": {"batches_in_flight": max(1, -(-max_in_flight // shard_rows)), "prefix_grouping": "auto"},
     })
 
 

@@ -19,9 +19,9 @@ final name, then its commit object. A shard counts only with a commit object who
 the current plan's and whose data file is there; nothing is ever appended. The commit object's
 name carries the shard and its fingerprint, so planning a resume lists `_fleetllm/commits/` and the
 folder (paginated on object stores: one request per 1,000 objects) and reads no object; the report
-reads the commit objects (concurrently on object stores). Memory follows shards, never rows. Before a run computes anything it removes the commit
-objects, then the data parts, of shards the current plan does not hold as committed, so every data
-part left in the folder belongs to this plan and is read back exactly once.
+reads the commit objects (concurrently on object stores). Memory follows shards, never rows. Before a run
+computes anything it removes the commit objects, then the data parts, of shards the current plan does not
+hold as committed, so every data part left in the folder belongs to this plan and is read back exactly once.
 
 Folders written by earlier versions keep their commits in `_fleetllm/manifest.jsonl` (one line per
 shard, appended). They still resume: the lines that parse (a torn last line is skipped) become commit

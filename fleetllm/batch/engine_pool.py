@@ -41,7 +41,7 @@ class EnginePool:
     task: str = "generate"  # "embed": the replicas embed (fleetllm.batch.embed_stage), no tokenize stage
     rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
     images: dict[str, Any] | None = None  # image limits (fleetllm.engines.images.ImageLimits) of a generate job
-    ray_remote_args: dict[str, Any] = field(default_factory=dict)  # accelerator_type, runtime_env (processor API)
+    ray_remote_args: dict[str, Any] = field(default_factory=dict)  # runtime_env, accelerator_type (Ray Data LLM's)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None

@@ -49,7 +49,8 @@ def profile_key(plan) -> dict[str, Any]:
 def job_key(plan) -> str:
     """What a job's output lengths depend on: the model (by its source, not where it is cached), the
     engine, the prompt and the sampling (structured outputs included); not the input's files."""
-    parts = {k: v for k, v in plan.parts.items() if k not in ("model", "engine_kwargs", "output_format", "input_columns")}
+    skip = ("model", "engine_kwargs", "output_format", "input_columns")
+    parts = {k: v for k, v in plan.parts.items() if k not in skip}
     text = json.dumps({**parts, "model": plan.spec.model.source}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -149,10 +150,12 @@ def job_shape(plan) -> JobShape:
     sampling = plan.spec.sampling
     seen = store.load_lengths(job_key(plan))
     if seen:
-        lengths, lengths_how = tuple(seen["lengths"]), f"lengths seen in this job's {seen['source']} ({len(seen['lengths'])} completions)"
+        lengths = tuple(seen["lengths"])
+        lengths_how = f"lengths seen in this job's {seen['source']} ({len(lengths)} completions)"
     else:
         lengths, lengths_how = row_limits(rows)
-    label = ("counted" if how == "tokenized" else "estimated") if counted else f"estimated from a sample of {len(rows)} rows"
+    label = (("counted" if how == "tokenized" else "estimated") if counted
+             else f"estimated from a sample of {len(rows)} rows")
     return JobShape(
         total, prompt, f"{label} ({how})",
         cached, past, sampling.n, sampling.max_tokens, lengths,

@@ -90,7 +90,8 @@ class RunEstimate:
                        "prompt_tokens": report.get("prompt_tokens"),
                        "cached_prompt_tokens": report.get("cached_prompt_tokens"),
                        "rows": report.get("rows_computed"),
-                       "generation_end_s": round(timeline["last_commit"] - start, 3) if "last_commit" in timeline else None},
+                       "generation_end_s": (round(timeline["last_commit"] - start, 3)
+                                            if "last_commit" in timeline else None)},
             "eta_log": {"columns": ["t_s", "rows_done", "eta_s"], "points": self.log},
         }
         try:

@@ -168,7 +168,8 @@ def row_range(split: str | None, total: int) -> tuple[int, int]:
     try:
         instructions = datasets.ReadInstruction.from_spec(split or name).to_absolute({name: total})
     except (ValueError, AssertionError) as exc:
-        raise InputError(f"input.split {split!r} is not a split spec such as 'train' or 'train[:1000]': {exc}") from None
+        raise InputError(f"input.split {split!r} is not a split spec such as 'train' or 'train[:1000]': {exc}") \
+            from None
     if len(instructions) != 1:
         raise InputError(f"input.split {split!r} names {len(instructions)} ranges; give one, e.g. 'train[:1000]'")
     return instructions[0].from_, instructions[0].to

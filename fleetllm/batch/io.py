@@ -302,7 +302,8 @@ def utf8_columns(table: pa.Table, name: str) -> pa.Table:
                                      f"text ({exc.reason} at byte {exc.start}); save the file as UTF-8")
         table = table.set_column(i, field.name, pa.array(values, pa.string()))
     if errors:
-        table = table.append_column("_input_error", pa.array([errors.get(k) for k in range(table.num_rows)], pa.string()))
+        column = pa.array([errors.get(k) for k in range(table.num_rows)], pa.string())
+        table = table.append_column("_input_error", column)
     return table
 
 

@@ -257,12 +257,13 @@ def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shard
     from fleetllm.batch import prefix
 
     mode = spec.compute.prefix_grouping
-    why_not = ("embed jobs" if task == "embed" else "openai_batch input" if spec.input.format == "openai_batch"
-               else "a custom preprocess" if preprocess is not None else None)
+    embeddings = " (OpenAI Batch /v1/embeddings lines)" if spec.input.format == "openai_batch" else ""
+    why_not = (f"embed jobs{embeddings}" if task == "embed" else "a custom preprocess" if preprocess is not None
+               else None)
     if why_not is not None:
         if mode == "on":
-            raise PlanError(f"compute.prefix_grouping: on does not apply to {why_not} (the key is the job's own "
-                            "prompt); set it to auto or off")
+            raise PlanError(f"compute.prefix_grouping: on does not apply to {why_not} (the key is a generate job's "
+                            "own prompt); set it to auto or off")
         return prefix.Decision(False, mode, 0, f"{mode}: not for {why_not}")
     total = sum(s.rows for s in shards)
     if mode == "off" or (mode == "auto" and total < prefix.AUTO_MIN_ROWS):  # decided without reading a row
@@ -280,13 +281,18 @@ def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shard
 
 
 def grouping_readers(spec: JobSpec) -> tuple[Callable, Callable]:
-    """(read a shard's rows, build a row's prompt) as the job does, for the grouping's key."""
+    """(read a shard's rows, build a row's prompt) as the job does, for the grouping's key: the job's
+    template, or an OpenAI Batch line's messages or prompt (fleetllm.batch.openai_batch)."""
     from fleetllm.batch.stages import TemplatePreprocessor
     from fleetllm.batch.shard_rows import read_shard_rows
 
     def read(shard: Shard) -> list[dict]:
         return read_shard_rows(shard.to_dict(), spec.input.format, None, spec.input.columns)
 
+    if spec.input.format == "openai_batch":
+        from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+
+        return read, OpenAIBatchPreprocessor({})  # generate lines: embed jobs are never grouped
     return read, TemplatePreprocessor(spec.prompt.system, spec.prompt.template, {}, spec.input.id_column)
 
 

@@ -103,7 +103,8 @@ class OpenAIBatchPreprocessor:
         row = dict(row)
         row["error"] = row.pop("_input_error", None)
         custom_id = row.get("custom_id")
-        row["row_id"] = str(custom_id) if custom_id is not None else f"{row.get('_file')}:{row['_line']}"
+        line = row.get("_source_line", row["_line"])  # a grouped shard's row (fleetllm.batch.prefix): its own line
+        row["row_id"] = str(custom_id) if custom_id is not None else f"{row.get('_file')}:{line}"
         row.setdefault("sampling_params", json.dumps(self.defaults))
         if row["error"] is not None:
             return row

@@ -54,7 +54,8 @@ def pid_alive(pid: int) -> bool:
 
 def me() -> dict[str, Any]:
     """This process: {host, pid, boot_id, start_ticks}."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot_id(), "start_ticks": start_ticks(os.getpid())}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot_id(),
+            "start_ticks": start_ticks(os.getpid())}
 
 
 def alive(owner: dict[str, Any]) -> bool | None:

@@ -3,7 +3,8 @@ next to each other, so the engine's prefix cache (vLLM's) computes a shared pref
 per row scattered across the job.
 
 The key of a row: the first `key_chars` characters of its prompt as the job's preprocessor builds it
-(the system message + the rendered template, as messages JSON; or the row's `prompt`). The chat
+(the system message + the rendered template, as messages JSON; an OpenAI Batch line's body.messages as
+role/content text; or the row's `prompt`). The chat
 template adds the same text around every row's messages, so rows sharing this text share the rendered
 prompt's prefix (and its token ids). `key_chars` = the prefix every sampled row shares (system prompt,
 template head) + KEY_EXTRA characters of what varies (the document), so rows of one document share a key.
@@ -65,14 +66,24 @@ class Decision:
 
 
 def prompt_text(row: dict[str, Any]) -> str:
-    """The text a row's prompt starts with, as the job's preprocessor built it ("" for an error row)."""
+    """The text a row's prompt starts with, as the job's preprocessor built it ("" for an error row): its
+    messages JSON, an OpenAI Batch line's `messages` as text (messages_text), or its `prompt`."""
     if row.get("error"):
         return ""
     text = row.get("_messages")
+    if text is None and isinstance(row.get("messages"), list):  # fleetllm.batch.openai_batch's preprocessor
+        text = messages_text(row["messages"])
     if text is None:
         text = row.get("prompt")
     text = text if isinstance(text, str) else ""
     return f"{row['_adapter']}\x00{text}" if row.get("_adapter") else text  # rows of one adapter together
+
+
+def messages_text(messages: list[Any]) -> str:
+    """Chat messages as text, in order: each message's role, then its content (text parts already joined
+    by the preprocessor), one line each. Rows whose messages start alike share this text's prefix, as they
+    share the chat template's rendering of them, whatever order each message's keys came in."""
+    return "".join(f"{m.get('role')}\n{m.get('content') or ''}\n" for m in messages if isinstance(m, dict))
 
 
 def common_prefix_len(texts: list[str]) -> int:

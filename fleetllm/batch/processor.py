@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from fleetllm.batch import ray_names
 
 if TYPE_CHECKING:
     from fleetllm.batch.engine_pool import EnginePool
@@ -39,13 +41,14 @@ TOKENIZE_BATCH_ROWS = 1024  # rows per tokenization task (the dataset's blocks m
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error", "attempts")
 
 
-class _ProcessorConfig(BaseModel):
+class _ProcessorConfig(ray_names.RayProcessorFields):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model_source: str = Field(..., description="Model alias, local folder, or Hugging Face id.")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the engine unchanged.")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Chat template variables.")
-    concurrency: int = Field(1, ge=1, description="Engine replicas (actors), each loading the model once.")
+    concurrency: int | tuple[int, int] = Field(
+        1, description="Engine replicas (actors), each loading the model once; (min, max): as many as fit, at most max.")
     batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica.")
     gpus_per_replica: float | None = Field(
@@ -56,17 +59,19 @@ class _ProcessorConfig(BaseModel):
     lora_adapters: dict[str, str] = Field(
         default_factory=dict, description="LoRA adapters {name: source}; a row whose `model` column names one "
         "runs on it (Ray Data LLM's convention), other rows on the base model.")
-    accelerator_type: str | None = Field(None, description="Ray's accelerator type the replicas run on (e.g. A10G, "
-                                         "H100), as Ray Data's accelerator_type.")
-    runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (pip, env_vars...).")
     engine: str = "transformers"
 
     @model_validator(mode="before")
     @classmethod
     def _ray_names(cls, data: Any) -> Any:  # max_concurrent_batches, (min, max) concurrency, task_type, ...
-        from fleetllm.batch.ray_names import from_ray_names
+        return ray_names.normalize(data)
 
-        return from_ray_names(data)
+    @model_validator(mode="after")
+    def _ray_checks(self) -> "_ProcessorConfig":
+        if isinstance(self.concurrency, int) and self.concurrency < 1:
+            raise ValueError(f"concurrency is {self.concurrency}; use 1 or more")
+        ray_names.check(self)
+        return self
 
 
 class TransformersEngineProcessorConfig(_ProcessorConfig):
@@ -85,12 +90,15 @@ class Processor:
     """preprocess -> engine stage (an actor pool of replicas) -> postprocess, over a Ray Dataset."""
 
     def __init__(self, config: _ProcessorConfig, preprocess: Callable[[Row], Row] | None = None,
-                 postprocess: Callable[[Row], Row] | None = None) -> None:
+                 postprocess: Callable[[Row], Row] | None = None, preprocess_map_kwargs: dict[str, Any] | None = None,
+                 postprocess_map_kwargs: dict[str, Any] | None = None) -> None:
         from fleetllm import models
 
         self.config = config
         self.preprocess = preprocess
         self.postprocess = postprocess
+        self.preprocess_map_kwargs = dict(preprocess_map_kwargs or {})  # Dataset.map options (Ray's names)
+        self.postprocess_map_kwargs = dict(postprocess_map_kwargs or {})
         self.model_path = models.resolve(config.model_source).path
 
     def pool(self) -> "EnginePool":
@@ -107,8 +115,7 @@ class Processor:
         c = self.config
         if not ray.is_initialized():
             ray.init()
-        plan = sizing.plan_replicas(c.engine, c.engine_kwargs, c.concurrency, c.cpus_per_replica,
-                                    c.gpus_per_replica, sizing.cluster_resources())
+        plan = _fitting_plan(c)
         engine_kwargs = sizing.engine_kwargs_for(plan, c.engine_kwargs)
         if c.lora_adapters:
             from fleetllm.adapters import resolve_all
@@ -120,19 +127,49 @@ class Processor:
                           batch_size=c.batch_size, in_flight=batches_in_flight(c.engine, c.batch_size,
                                                                                c.batches_in_flight),
                           chat_template_kwargs=c.chat_template_kwargs, max_retries=c.max_retries,
-                          ray_remote_args={k: v for k, v in (("accelerator_type", c.accelerator_type),
-                                                             ("runtime_env", c.runtime_env)) if v})
+                          task=c.task_type, ray_remote_args=ray_names.ray_remote_args(c, plan.gpus_per_replica))
+
+    def log_input_column_names(self) -> None:
+        """Log (INFO, logger fleetllm.batch) the columns the engine stage reads, as Ray's Processor does."""
+        ray_names.log.info("The first stage of the processor is the engine stage (%s).\nRequired input columns:\n"
+                           "\tmessages or prompt: chat messages (OpenAI format) or prompt text\n"
+                           "Optional input columns:\n\tsampling_params: the sampling settings (OpenAI / vLLM "
+                           "names)", self.config.engine)
 
     def __call__(self, ds):
         if self.preprocess is not None:
             pre = self.preprocess
-            ds = ds.map(lambda row: {**row, **pre(row)})
+            ds = ds.map(lambda row: {**row, **pre(row)}, **self.preprocess_map_kwargs)
+        if self.config.task_type == "embed":
+            ds = ds.map(ray_names.with_embed_text)
         if self.config.lora_adapters:  # a row's `model` naming an adapter picks it
             names = set(self.config.lora_adapters)
             ds = ds.map(lambda row: {**row, "_adapter": row.get("model") if row.get("model") in names else None})
         ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
-        post = self.postprocess
-        return ds.map(lambda row: post(_drop_internal(row)) if post else _drop_internal(row))
+        post, config = self.postprocess, self.config
+
+        def finish(row: Row) -> Row:
+            row = ray_names.ray_output(_drop_internal(row), config)
+            if not post or (config.should_continue_on_error and row.get("error")):
+                return row  # Ray: error rows bypass postprocess
+            return post(row)
+
+        return ds.map(finish, **self.postprocess_map_kwargs)
+
+
+def _fitting_plan(c: _ProcessorConfig):
+    """The replica plan for `concurrency` (for (min, max): the most replicas from max down to min that fit)."""
+    from fleetllm import sizing
+    from fleetllm.errors import PlanError
+
+    counts = ray_names.replica_range(c.concurrency)
+    for i, count in enumerate(counts):
+        try:
+            return sizing.plan_replicas(c.engine, c.engine_kwargs, count, c.cpus_per_replica, c.gpus_per_replica,
+                                        sizing.cluster_resources())
+        except PlanError:
+            if i == len(counts) - 1:
+                raise
 
 
 def _drop_internal(row: Row) -> Row:
@@ -147,6 +184,27 @@ def _drop_internal(row: Row) -> Row:
 
 
 def build_processor(config: _ProcessorConfig, preprocess: Callable[[Row], Row] | None = None,
-                    postprocess: Callable[[Row], Row] | None = None) -> Processor:
-    """Build a processor: a callable taking and returning a Ray Dataset."""
-    return Processor(config, preprocess, postprocess)
+                    postprocess: Callable[[Row], Row] | None = None,
+                    preprocess_map_kwargs: dict[str, Any] | None = None,
+                    postprocess_map_kwargs: dict[str, Any] | None = None,
+                    builder_kwargs: dict[str, Any] | None = None) -> Any:
+    """Build a processor: a callable taking and returning a Ray Dataset. `*_map_kwargs` go to Dataset.map;
+    `builder_kwargs` may carry `chat_template_kwargs` (Ray's builder argument). An HttpRequestProcessorConfig
+    builds fleetllm.batch.http_processor's processor."""
+    from fleetllm.batch.http_processor import HttpRequestProcessor, HttpRequestProcessorConfig
+
+    if isinstance(config, HttpRequestProcessorConfig):
+        if builder_kwargs:
+            raise ValueError("builder_kwargs are not read by the HTTP request processor")
+        return HttpRequestProcessor(config, preprocess, postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
+    extra = dict(builder_kwargs or {})
+    if extra.get("chat_template_kwargs"):
+        config = config.model_copy(update={"chat_template_kwargs": {**config.chat_template_kwargs,
+                                                                    **extra.pop("chat_template_kwargs")}})
+    extra.pop("chat_template_kwargs", None)
+    if extra:
+        raise ValueError(f"builder_kwargs {sorted(extra)} are not read by fleetllm; it reads chat_template_kwargs")
+    return Processor(config, preprocess, postprocess, preprocess_map_kwargs, postprocess_map_kwargs)
+
+
+build_llm_processor = build_processor  # Ray's older name

@@ -22,9 +22,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _node_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-cpus", "--cpus", dest="num_cpus", type=cli_values.non_negative_int, help="CPUs this node offers (default: all)")
-    p.add_argument("--num-gpus", "--gpus", dest="num_gpus", type=cli_values.non_negative_int, help="GPUs this node offers (default: all)")
-    p.add_argument("--object-store-memory", type=cli_values.positive_int, help="object store size in bytes (default: Ray's)")
+    p.add_argument("--num-cpus", "--cpus", dest="num_cpus", type=cli_values.non_negative_int,
+                   help="CPUs this node offers (default: all)")
+    p.add_argument("--num-gpus", "--gpus", dest="num_gpus", type=cli_values.non_negative_int,
+                   help="GPUs this node offers (default: all)")
+    p.add_argument("--object-store-memory", type=cli_values.positive_int,
+                   help="object store size in bytes (default: Ray's)")
     p.add_argument("--node-ip-address", help="this node's IP address as the others reach it")
     p.add_argument("--temp-dir", help="Ray's temp/session folder for this node (default /tmp/ray)")
     p.add_argument("--block", action="store_true", help="stay in the foreground until the node stops")
@@ -49,16 +52,17 @@ def _add_cluster(sub: argparse._SubParsersAction) -> None:
     start.add_argument("--dashboard-host", help="head: dashboard bind address (0.0.0.0 to submit from elsewhere)")
     start.add_argument("--dashboard-port", type=cli_values.port, help="head: dashboard port (default 8265)")
     start.add_argument("--no-dashboard", action="store_true", help="head: no dashboard (no `fleetllm submit`)")
-    start.add_argument("--retries", type=cli_values.positive_int, default=DEFAULT_RETRIES, help="join: attempts (default 12)")
-    start.add_argument(
-        "--retry-interval", type=cli_values.non_negative_float, default=DEFAULT_RETRY_INTERVAL_S, help="join: seconds between attempts (default 5)"
-    )
+    start.add_argument("--retries", type=cli_values.positive_int, default=DEFAULT_RETRIES,
+                       help="join: attempts (default 12)")
+    start.add_argument("--retry-interval", type=cli_values.non_negative_float, default=DEFAULT_RETRY_INTERVAL_S,
+                       help="join: seconds between attempts (default 5)")
     start.set_defaults(handler=_cmd_start)
 
     wait = csub.add_parser("wait", help="wait until the cluster has N GPUs and/or CPUs")
     wait.add_argument("--gpus", type=cli_values.non_negative_float, help="GPUs to wait for")
     wait.add_argument("--cpus", type=cli_values.non_negative_float, help="CPUs to wait for")
-    wait.add_argument("--timeout", type=cli_values.positive_float, default=600.0, help="seconds before giving up (default 600)")
+    wait.add_argument("--timeout", type=cli_values.positive_float, default=600.0,
+                      help="seconds before giving up (default 600)")
     wait.add_argument("--address", help="the head's GCS address HOST:PORT (default $RAY_ADDRESS)")
     wait.add_argument("--token", help="the cluster's auth token")
     wait.set_defaults(handler=_cmd_wait)
@@ -96,7 +100,8 @@ def _cmd_start(args: argparse.Namespace) -> int:
             dashboard_port=args.dashboard_port,
             **common,
         )
-        print(f"starting a Ray head on port {args.port} with token authentication (token from {token.source})", flush=True)
+        print(f"starting a Ray head on port {args.port} with token authentication (token from {token.source})",
+              flush=True)
         code = bootstrap.start_head(opts, token)
         if code == 0 and not args.block:
             print(
@@ -179,7 +184,8 @@ def _add_jobs(sub: argparse._SubParsersAction) -> None:
     stop.add_argument("run_id", help="the id printed by `fleetllm submit`")
     _address_flags(stop)
     stop.add_argument("--no-wait", action="store_true", help="return once asked, without waiting for STOPPED")
-    stop.add_argument("--timeout", type=cli_values.non_negative_float, default=60.0, help="seconds to wait for the run to stop (default 60)")
+    stop.add_argument("--timeout", type=cli_values.non_negative_float, default=60.0,
+                      help="seconds to wait for the run to stop (default 60)")
     stop.set_defaults(handler=_cmd_stop_run)
 
     logs = sub.add_parser("logs", help="the output of a submitted run")
@@ -200,12 +206,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         from fleetllm.spec import load_job_spec
 
         job_name = load_job_spec(args.spec).name
-    plan = jobs.plan_submission(
-        args.spec or "job", args.working_dir, entrypoint=args.entrypoint, submission_id=args.submission_id, job_name=job_name
-    )
+    plan = jobs.plan_submission(args.spec or "job", args.working_dir, entrypoint=args.entrypoint,
+                                submission_id=args.submission_id, job_name=job_name)
     run_id = jobs.submit(plan, args.address, args.token)
     print(run_id, flush=True)
-    print(f"follow it with: fleetllm logs {run_id} --follow --address {jobs.dashboard_address(args.address)}", file=sys.stderr)
+    print(f"follow it with: fleetllm logs {run_id} --follow --address {jobs.dashboard_address(args.address)}",
+          file=sys.stderr)
     if args.follow:
         jobs.follow_logs(run_id, args.address, args.token)
         return 0 if jobs.status(run_id, args.address, args.token)["status"] == "SUCCEEDED" else 1
@@ -261,7 +267,8 @@ def _add_k8s(sub: argparse._SubParsersAction) -> None:
     render.add_argument("-o", "--output", default="k8s", help="folder for the manifests (default ./k8s)")
     render.add_argument("--image", default="fleetllm:0.1.0", help="container image with fleetllm and Ray installed")
     render.add_argument("--namespace", help="Kubernetes namespace of the resources")
-    render.add_argument("--replicas", type=cli_values.positive_int, help="job: worker pods when compute.replicas is 'auto'")
+    render.add_argument("--replicas", type=cli_values.positive_int,
+                        help="job: worker pods when compute.replicas is 'auto'")
     render.add_argument("--fleet", action="store_true", help="serve: AIBrix RayClusterFleet(s) instead of a RayService")
     render.add_argument("--max-surge", default="1", help="fleet: rolling update maxSurge (number or percent)")
     render.add_argument("--max-unavailable", default="0", help="fleet: rolling update maxUnavailable")

@@ -208,7 +208,8 @@ def render_service(view: ServeView, opts: RenderOptions) -> dict[str, Any]:
 
 
 def render_httproute(
-    view: ServeView, opts: RenderOptions, service: str, gateway: str = "aibrix-eg", gateway_namespace: str = "aibrix-system"
+    view: ServeView, opts: RenderOptions, service: str, gateway: str = "aibrix-eg",
+    gateway_namespace: str = "aibrix-system"
 ) -> dict[str, Any]:
     """A Gateway API HTTPRoute with one rule per model, matched on the `model` header (which the
     gateway, e.g. AIBrix's, fills from the request body), all sent to `service`."""
@@ -268,7 +269,8 @@ def render_fleet(
         )
         shape = worker_shape(model.gpus_per_replica, model.cpus_per_replica, opts)
         workers = [worker_group(model.model_id, opts, labels, shape, replicas=1, env=pod_env)]
-        cluster = ray_cluster_spec(head, workers, token_auth=False)  # the fleet's RayCluster template has no authOptions
+        # the fleet's RayCluster template has no authOptions
+        cluster = ray_cluster_spec(head, workers, token_auth=False)
         fleet = {
             "apiVersion": "orchestration.aibrix.ai/v1alpha1",
             "kind": "RayClusterFleet",

@@ -46,7 +46,8 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
             else:
                 raise ValueError(f"must be a whole number, got {v!r}")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise ValueError(f"must be between {lo} and {hi}, got {v}" if hi is not None else f"must be >= {lo}, got {v}")
+            raise ValueError(f"must be between {lo} and {hi}, got {v}" if hi is not None
+                             else f"must be >= {lo}, got {v}")
         return v
     return check
 
@@ -186,6 +187,8 @@ _FIELDS = [
     RequestField("allowed_token_ids", "vllm", {V: "SamplingParams", O: "extra_body"}, _token_ids),
     RequestField("structured_outputs", "vllm", {T: "xgrammar logits processor (fleetllm.structured)",
                                              V: "StructuredOutputsParams", O: "extra_body"}, _dict),
+    RequestField("detokenize", "vllm", {T: "accepted: the text is always returned", V: "accepted: the text is always "
+                                        "returned"}, _bool, "Ray Data LLM's examples set it; fleetllm always decodes"),
     RequestField("prompt_logprobs", "vllm", {}, None, "fleetllm returns no prompt logprobs"),
     RequestField("use_beam_search", "vllm", {}),
     RequestField("length_penalty", "vllm", {}),
@@ -254,8 +257,8 @@ def check_sampling(sampling: dict[str, Any] | None, engine: str | None) -> dict[
             continue
         canon = ALIASES.get(name, name)
         value = check_value(canon, value) if canon == name or canon != "logprobs" else value
-        if name == "top_k" and value <= 0:
-            continue  # off
+        if (name == "top_k" and value <= 0) or name == "detokenize":
+            continue  # top_k off; detokenize: the text is always returned
         out[name] = value
     if out.get("min_tokens", 0) > out.get("max_tokens", 1 << 62):
         raise FieldError(f"`min_tokens` ({out['min_tokens']}) is larger than `max_tokens` ({out['max_tokens']})",

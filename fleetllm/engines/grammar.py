@@ -6,7 +6,8 @@ grammars by constraint: one compiler per engine, so the cache is per (schema, to
 `GrammarLogitsProcessor` constrains the rows of one padded `generate` batch, each row with its own
 compiled grammar or none: xgrammar's matchers fill the token bitmask and xgrammar applies it to the
 logits (`xgrammar.contrib.hf.LogitsProcessor` takes one grammar per row and no unconstrained rows,
-and asserts on tokens of rows that ended by a stop string; this one tolerates both). Imported by the transformers engine only: it imports transformers.
+and asserts on tokens of rows that ended by a stop string; this one tolerates both). Imported by the
+transformers engine only: it imports transformers.
 """
 
 from __future__ import annotations

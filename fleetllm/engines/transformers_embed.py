@@ -16,7 +16,8 @@ from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult, Engine, Gen
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
 from fleetllm.errors import EngineError, RowError
 
-KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "revision")
+KNOWN_KWARGS = ("device", "dtype", "num_threads", "max_batch_size", "trust_remote_code", "max_model_len",
+                "revision")
 
 
 class TransformersEmbedEngine(Engine):
@@ -26,14 +27,16 @@ class TransformersEmbedEngine(Engine):
     def start(self) -> None:
         import torch
 
-        unknown = sorted(set(self.engine_kwargs) - set(KNOWN_KWARGS))
+        from fleetllm.engines.threads import apply_cpu_threads
+        from fleetllm.engines.vllm_kwargs import for_transformers
+
+        kw = for_transformers(self.engine_kwargs)
+        kw.pop("token", None)  # the model is local
+        unknown = sorted(set(kw) - set(KNOWN_KWARGS))
         if unknown:
             raise EngineError(f"engine_kwargs {unknown} are not settings of the transformers embedding engine; "
                               f"known: {list(KNOWN_KWARGS)}")
-        kw = self.engine_kwargs
         device = kw.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-        from fleetllm.engines.threads import apply_cpu_threads
-
         apply_cpu_threads(torch, device, kw.get("num_threads"))
         try:
             from sentence_transformers import SentenceTransformer
@@ -48,6 +51,8 @@ class TransformersEmbedEngine(Engine):
                 raise EngineError(f"engine_kwargs.dtype {kw['dtype']!r} is not a torch dtype; use float32 or bfloat16")
             self.model.to(dtype)
         self.model.eval()
+        if kw.get("max_model_len"):  # vLLM's name: inputs are cut to it (sentence-transformers' max_seq_length)
+            self.model.max_seq_length = min(int(kw["max_model_len"]), self.model.max_seq_length or 1 << 30)
         self.tokenizer = self.model.tokenizer
         info = read_model_info(self.model_path)
         get_dims = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension

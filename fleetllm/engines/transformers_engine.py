@@ -19,10 +19,10 @@ from fleetllm.engines.base import (
     StreamDelta,
     clean_sampling,
 )
-from fleetllm.engines import transformers_vision
+from fleetllm.engines import transformers_vision, vllm_kwargs
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
-from fleetllm.engines.transformers_adapters import adapter_names, check_adapter
 from fleetllm.engines.fields import output_budget
+from fleetllm.engines.transformers_adapters import adapter_names, check_adapter
 from fleetllm.errors import EngineError, RowError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
@@ -41,7 +41,7 @@ class TransformersEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        kwargs = dict(self.engine_kwargs)
+        kwargs = vllm_kwargs.for_transformers(self.engine_kwargs)
         own = {k: kwargs.pop(k) for k in OWN_KWARGS if k in kwargs}
         device = own.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
         from fleetllm.engines.threads import apply_cpu_threads

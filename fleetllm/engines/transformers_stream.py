@@ -1,15 +1,15 @@
 """Streaming with batching for the transformers engine (serving).
 
-Concurrent `generate_stream` calls do not run one at a time: each call tokenizes its request and
-drops it into an inbox; one background thread gathers what is waiting (up to `max_batch_size` rows,
-waiting `batch_wait_s` for stragglers), groups rows with equal sampling settings and runs one padded
-`model.generate` per group. A per-step hook (a `StoppingCriteria`, which transformers calls once per
-decoding step with the whole `(batch, seq)` tensor) decodes each row's new token incrementally
-(fleetllm.engines.stream_text: tokenizers' DecodeStream), applies stop strings and per-row `max_tokens`, and marks finished rows done; the step's text deltas are handed
-to the requests' asyncio queues together (one wake-up per event loop and step, not one per row). A
-request whose consumer went away (client disconnect: the async generator is closed or cancelled) is
-flagged; its rows are marked done at the next step, so the engine stops generating for it, and the
-whole `generate` call ends as soon as every row is done.
+Concurrent `generate_stream` calls do not run one at a time: each call tokenizes its request and drops it into
+an inbox; one background thread gathers what is waiting (up to `max_batch_size` rows, waiting `batch_wait_s`
+for stragglers), groups rows with equal sampling settings and runs one padded `model.generate` per group. A
+per-step hook (a `StoppingCriteria`, which transformers calls once per decoding step with the whole `(batch,
+seq)` tensor) decodes each row's new token incrementally (fleetllm.engines.stream_text: tokenizers'
+DecodeStream), applies stop strings and per-row `max_tokens`, and marks finished rows done; the step's text
+deltas are handed to the requests' asyncio queues together (one wake-up per event loop and step, not one per
+row). A request whose consumer went away (client disconnect: the async generator is closed or cancelled) is
+flagged; its rows are marked done at the next step, so the engine stops generating for it, and the whole
+`generate` call ends as soon as every row is done.
 
 Static batches: a request arriving while a batch runs waits for the next batch. Gathering waits
 `batch_wait_s` after each arrival (at most 10x that) so that a burst of clients lands in one batch.

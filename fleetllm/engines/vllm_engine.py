@@ -37,7 +37,7 @@ from fleetllm.engines.base import (
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, prompt_chars, render_prompt
 from fleetllm.engines.fields import output_budget
 from fleetllm.engines.loop_thread import LoopThread
-from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries
+from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries, prompt_logprob_entries
 from fleetllm.errors import EngineError, RequestFailed, RowError
 from fleetllm.structured import StructuredOutput
 
@@ -326,6 +326,29 @@ class VLLMEngine(Engine):
             completions.append(completion)
         return GenerationResult(completions=completions, num_input_tokens=len(ids),
                                 num_cached_tokens=final.num_cached_tokens)
+
+    def prompt_logprobs(self, ids: list[int], top: int) -> list[dict[str, Any]]:
+        """Each prompt token's logprob given the tokens before it, with the `top` likeliest there (`echo` with
+        `logprobs` on /v1/completions): vLLM's own `prompt_logprobs`, from a one-token request over the prompt."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._llm is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
+        params = self._sampling_cls(max_tokens=1, temperature=0.0, prompt_logprobs=top,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+
+        async def final() -> Any:
+            last = None
+            request_id = f"echo-{self._id_prefix}-{next(self._id_counter)}"
+            async for out in self._llm.generate({"prompt_token_ids": ids}, params, request_id):
+                last = out
+            return last
+
+        try:
+            out = self._submit(final()).result()
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        return prompt_logprob_entries(ids, out.prompt_logprobs, top, self.tokenizer.decode)
 
     def _start(self, requests: list[GenerationRequest]) -> list[Any]:
         """Hand each request to vLLM as soon as its prompt is ready (so the engine starts on the first

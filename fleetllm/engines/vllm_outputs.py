@@ -47,3 +47,15 @@ def completion_from_output(output: Any, top_logprobs: int | None) -> Completion 
         index=output.index,
         logprobs=logprob_entries(output.token_ids, output.logprobs, top_logprobs),
     )
+
+
+def prompt_logprob_entries(ids: list[int], prompt_logprobs: Any, top: int, decode: Any) -> list[dict[str, Any]]:
+    """An echoed prompt's entries from vLLM's `prompt_logprobs` (None for the first token, which has no
+    context, then one {token_id: Logprob} per token): the first token with null logprob and top_logprobs,
+    as the transformers engine gives them (fleetllm.serve.echo). `decode` names a token vLLM left undecoded."""
+    entries: list[dict[str, Any]] = [{"token": decode([ids[0]]), "logprob": None, "top_logprobs": None}]
+    for token_id, entry in zip(ids[1:], logprob_entries(ids[1:], list(prompt_logprobs)[1:], top) or []):
+        entry["token"] = entry["token"] if entry["token"] is not None else decode([token_id])
+        entry.setdefault("top_logprobs", [])
+        entries.append(entry)
+    return entries

@@ -16,7 +16,8 @@ def describe(est: dict[str, Any]) -> list[str]:
     lines = [
         f"estimate   prompt tokens {est['prompt_tokens']:,} ({est['prompt_tokens_how']})"
         + (f", {cached:,} expected from the prefix cache" if cached else ""),
-        f"           output tokens {est['output_tokens']:,} (range {_range(est['range']['output_tokens'], '{:,}'.format)}; "
+        f"           output tokens {est['output_tokens']:,} "
+        f"(range {_range(est['range']['output_tokens'], '{:,}'.format)}; "
         f"from {est['output_tokens_how']}" + (f"; n={est['n']}" if est.get("n", 1) > 1 else "")
         + ("; structured outputs" if est.get("structured") else "") + ")",
     ]

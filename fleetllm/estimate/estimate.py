@@ -109,8 +109,8 @@ def probe_cost(shape: JobShape, probe_rows: int = PROBE_ROWS) -> dict[str, Any]:
     """What `fleetllm calibrate` would compute: its rows and tokens on one replica."""
     rows = min(probe_rows, shape.rows)
     per_row = shape.prompt_tokens / shape.rows if shape.rows else 0
-    return {"rows": rows, "prompt_tokens": round(rows * per_row), "output_tokens_at_most": rows * shape.n * shape.max_tokens,
-            "replicas": 1}
+    return {"rows": rows, "prompt_tokens": round(rows * per_row),
+            "output_tokens_at_most": rows * shape.n * shape.max_tokens, "replicas": 1}
 
 
 class Eta:

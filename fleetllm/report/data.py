@@ -81,4 +81,5 @@ def _read_rows(fs, path: str, data: ReportData) -> None:
             data.error_counts[kind] += 1
             samples = data.errors.setdefault(kind, [])
             if len(samples) < SAMPLES_PER_KIND:
-                samples.append({"row_id": str(r.get("row_id") or r.get("custom_id") or ""), "error": str(message)[:300]})
+                row_id = str(r.get("row_id") or r.get("custom_id") or "")
+                samples.append({"row_id": row_id, "error": str(message)[:300]})

@@ -127,7 +127,8 @@ def _summary(run: dict[str, Any]) -> str:
                             f"({run.get('output_tokens_per_s_after_engine_start')} after engine start)"),
              ("replicas", f"{run.get('replicas')} x {run.get('resources_per_replica')}"),
              ("complete", "yes" if run.get("complete") else "no (run it again to resume)")]
-    return "<table class=kv>" + "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in items) + "</table>"
+    rows = "".join(f"<tr><th>{k}</th><td>{html.escape(str(v))}</td></tr>" for k, v in items)
+    return "<table class=kv>" + rows + "</table>"
 
 
 def render(data: ReportData) -> str:

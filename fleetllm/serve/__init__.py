@@ -18,6 +18,11 @@ from typing import Any
 _LAZY = {
     "LLMConfig": "fleetllm.serve.spec",
     "ModelLoadingConfig": "fleetllm.serve.spec",  # as ray.serve.llm exports it
+    "LLMServingArgs": "fleetllm.serve.ray_names",
+    "build_llm_deployment": "fleetllm.serve.ray_builders",
+    "LLMServer": "fleetllm.serve.deployments",
+    "OpenAiIngress": "fleetllm.serve.deployments",
+    "make_fastapi_ingress": "fleetllm.serve.deployments",
     "ServeSpec": "fleetllm.serve.spec",
     "load_serve_spec": "fleetllm.serve.spec",
     "build_openai_app": "fleetllm.serve.app",

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from fleetllm.batches.store import BATCH_HEADER
 from fleetllm.serve.backend import Backend, raise_item_error
+from fleetllm.serve.batch_admission import BatchAdmission, is_batch, priority_of
 from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.metrics import ServeMetrics
 from fleetllm.serve.vllm_metrics import gather
@@ -37,8 +37,6 @@ from fleetllm.serve.protocol import (
 )
 
 
-BATCH_PRIORITY = 1
-
 
 def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: ServeMetrics | None = None,
              batch_store: str | None = None):
@@ -49,6 +47,11 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     metrics = metrics or ServeMetrics()
     app.state.metrics = metrics
     app.state.backends = backends
+    admissions: dict[str, BatchAdmission] = {}  # batch rows' window per served model id (batch_admission)
+    app.state.admissions = admissions
+
+    def admission(model: str) -> BatchAdmission:
+        return admissions.setdefault(model, BatchAdmission())
 
     def error_response(exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -153,6 +156,9 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             # vLLM's metrics of every replica (published to Ray), else of the one that answered
             published = await asyncio.to_thread(gather, m)
             metrics.set_vllm(m, published or ([stats["vllm_metrics"]] if stats and "vllm_metrics" in stats else None))
+        for m, gate in admissions.items():
+            metrics.batch_window.labels(m).set(gate.window.limit)
+            metrics.batch_waiting.labels(m).set(gate.waiting)
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 
@@ -212,7 +218,10 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             if model_label in adapters:
                 payload["adapter"] = adapters[model_label][1]
             payload["priority"] = priority_of(request)
-            return await run(req, endpoint, model_label, backend, payload, ms)
+            if not is_batch(request):
+                return await run(req, endpoint, model_label, backend, payload, ms)
+            async with admission(model_label).slot():  # batch rows wait while interactive latency is high
+                return await run(req, endpoint, model_label, backend, payload, ms)
         except APIError as exc:
             ms.requests.labels(model_label, endpoint, str(exc.status)).inc()
             return error_response(exc)
@@ -241,14 +250,22 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
             async for items in stream:
                 raise_item_error(items)
                 acc.add(items)
-            ms.latency.labels(model).observe(time.monotonic() - t0)
-            record_usage(model, endpoint, acc, ms)
+            finished(model, endpoint, ms, t0, acc)
             return JSONResponse(acc.response(req, endpoint, model, payload.get("prompt", "")).model_dump(
                 exclude_none=True), headers=headers)
         finally:
             if not done:
                 ms.in_flight.labels(model).dec()
                 await stream.aclose()
+
+    def finished(model: str, endpoint: str, ms, t0: float, acc: "Accumulator") -> None:
+        """A generation answered: its latency and usage recorded; an interactive one's latency steers the
+        batch rows' admission window."""
+        latency = time.monotonic() - t0
+        ms.latency.labels(model).observe(latency)
+        if ms is metrics.interactive:
+            admission(model).interactive(t0, latency, acc.completion_tokens)
+        record_usage(model, endpoint, acc, ms)
 
     def record_usage(model: str, endpoint: str, acc: "Accumulator", ms) -> None:
         ms.requests.labels(model, endpoint, "200").inc()
@@ -284,8 +301,7 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         finally:
             ms.in_flight.labels(model).dec()
             await stream.aclose()
-        ms.latency.labels(model).observe(time.monotonic() - t0)
-        record_usage(model, endpoint, acc, ms)
+        finished(model, endpoint, ms, t0, acc)
         if include_usage:
             usage = Usage.of(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
             cls = ChatCompletionChunk if endpoint == "chat" else CompletionResponse
@@ -293,16 +309,6 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
         yield "data: [DONE]\n\n"
 
     return app
-
-
-def is_batch(request: Request) -> bool:
-    """A Batch API row (the batch service marks its requests with the batch's id)."""
-    return bool(request.headers.get(BATCH_HEADER))
-
-
-def priority_of(request: Request) -> int:
-    """The engine priority of a request (lower runs first, as vLLM orders them): batch rows after interactive."""
-    return BATCH_PRIORITY if is_batch(request) else 0
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 
 A field the request leaves out takes the model's `generation_config.json` value (vLLM's
 `--generation-config auto`: temperature, top_p, top_k, min_p, repetition_penalty; its max_new_tokens is
-not read: fleetllm's own default max_tokens applies), else OpenAI's default (temperature 1.0: a request without `temperature` samples). Batch jobs
-do not come here: their `sampling` block is explicit (temperature 0 unless set).
+not read: fleetllm's own default max_tokens applies), else OpenAI's default (temperature 1.0: a request
+without `temperature` samples). Batch jobs do not come here: their `sampling` block is explicit
+(temperature 0 unless set).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """`echo` on /v1/completions, as `vllm serve` answers it: the prompt's text before the completion and, with
 `logprobs`, the prompt's tokens in the logprobs (the first with no logprob, as it has no context).
 
-The prompt's logprobs take one forward pass of the model over the prompt: the transformers engine does
-it; the vllm engine refuses echo with logprobs (a 400 naming `echo`), since fleetllm does not ask vLLM for
-prompt logprobs.
+The prompt's logprobs take one forward pass of the model over the prompt: the transformers engine does it
+here; the vllm engine asks vLLM for them (`prompt_logprobs` on a one-token request, VLLMEngine.prompt_logprobs).
+An engine with neither refuses echo with logprobs (a 400 naming `echo`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ def echo_item(engine: Any, payload: dict[str, Any]) -> dict[str, Any]:
     text = payload.get("prompt") or engine.tokenizer.decode(ids)
     if top is None:
         return {"prompt_text": text, "prompt_logprobs": None}
-    if getattr(engine, "name", "") != "transformers":
-        raise FieldError(f"`echo` with `logprobs` is not supported by the {engine.name} engine (it would need the "
-                         "prompt's logprobs); engines that honour it: transformers", param="echo")
-    return {"prompt_text": text, "prompt_logprobs": _prompt_logprobs(engine, ids, int(top))}
+    if getattr(engine, "name", "") == "transformers":
+        return {"prompt_text": text, "prompt_logprobs": _prompt_logprobs(engine, ids, int(top))}
+    if hasattr(engine, "prompt_logprobs"):
+        return {"prompt_text": text, "prompt_logprobs": engine.prompt_logprobs(ids, int(top))}
+    raise FieldError(f"`echo` with `logprobs` is not supported by the {engine.name} engine (it would need the "
+                     "prompt's logprobs); engines that honour it: transformers, vllm", param="echo")
 
 
 def _prompt_logprobs(engine: Any, ids: list[int], top: int) -> list[dict[str, Any] | None]:

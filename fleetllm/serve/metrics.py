@@ -63,6 +63,10 @@ class ServeMetrics:
                       ["model"], buckets=buckets, registry=r),
             Gauge("fleetllm_batch_requests_in_flight", "Batch API requests admitted and not finished.", ["model"],
                   registry=r))
+        self.batch_window = Gauge("fleetllm_batch_admission_window", "Batch API rows this API process lets into "
+                                  "the engines at once (fleetllm.serve.batch_admission).", ["model"], registry=r)
+        self.batch_waiting = Gauge("fleetllm_batch_admission_waiting", "Batch API rows held back by the admission "
+                                   "window.", ["model"], registry=r)
         self.vllm: dict[str, list[Any]] = {}  # model -> merged vLLM metric families (set_vllm)
         r.register(self)
         self.healthy = Gauge("fleetllm_model_healthy", "1 when the model's engine answers, else 0.", ["model"],

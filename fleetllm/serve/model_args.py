@@ -28,7 +28,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=["auto", "vllm", "transformers"], default=None, help="default auto")
     g.add_argument("--task", choices=["auto", "generate", "embed"], default=None, help="default auto")
     g.add_argument("--name", default=None, help="Ray Serve application name (default fleetllm)")
-    g.add_argument("--replicas", type=cli_values.positive_int, default=None, help="fixed number of replicas (default 1)")
+    g.add_argument("--replicas", type=cli_values.positive_int, default=None,
+                   help="fixed number of replicas (default 1)")
     g.add_argument("--gpus-per-replica", type=cli_values.non_negative_float, default=None)
     g.add_argument("--cpus-per-replica", type=cli_values.non_negative_float, default=None)
     g.add_argument("--max-ongoing-requests", type=cli_values.positive_int, default=None,

@@ -52,10 +52,11 @@ class PrefixAffinityRouter(PrefixCacheAffinityRouter):
         return None
 
 
-def router_config(max_ongoing_requests: int):
+def router_config(max_ongoing_requests: int, overrides: dict[str, Any] | None = None):
     """The deployment's RequestRouterConfig: prefix affinity while queues differ by <= a quarter of a replica's
-    batch (at least 4 requests), so one hot prefix cannot pile every request onto one replica."""
+    batch (at least 4 requests), so one hot prefix cannot pile every request onto one replica. `overrides`:
+    the router's keyword arguments as given (build_openai_app's `router_config`, Ray's name)."""
     from ray.serve.config import RequestRouterConfig
 
-    return RequestRouterConfig(request_router_class=ROUTER_PATH,
-                               request_router_kwargs={"imbalanced_threshold": max(4, max_ongoing_requests // 4)})
+    kwargs = {"imbalanced_threshold": max(4, max_ongoing_requests // 4), **(overrides or {})}
+    return RequestRouterConfig(request_router_class=ROUTER_PATH, request_router_kwargs=kwargs)

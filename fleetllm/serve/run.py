@@ -30,14 +30,17 @@ def check_port_free(host: str, port: int) -> None:
 
 def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
     """A readable plan of what `fleetllm serve` would start."""
-    lines = [f"app {spec.name!r} at http://{host}:{port}/v1  (api key: {'required' if spec.effective_api_key() else 'none'})",
+    key = "required" if spec.effective_api_key() else "none"
+    lines = [f"app {spec.name!r} at http://{host}:{port}/v1  (api key: {key})",
              f"ray cluster: {spec.cluster.address or os.environ.get('RAY_ADDRESS') or 'local (started here)'}"]
     for m in spec.models:
         cfg = m.to_llm_config()
-        scale = (f"autoscaling {m.autoscaling.min_replicas}..{m.autoscaling.max_replicas} replicas "
-                 f"(target {m.autoscaling.target_ongoing_requests:g} ongoing)") if m.autoscaling else f"{m.replicas} replica(s)"
+        auto = m.autoscaling
+        scale = (f"autoscaling {auto.min_replicas}..{auto.max_replicas} replicas "
+                 f"(target {auto.target_ongoing_requests:g} ongoing)") if auto else f"{m.replicas} replica(s)"
         lines.append(f"  model {m.model_id!r}: source {m.source}, engine {cfg.resolved_engine()}"
-                     f"{' (auto)' if m.engine == 'auto' else ''}, task {m.task}, {scale}, {m.max_ongoing_requests} ongoing + "
+                     f"{' (auto)' if m.engine == 'auto' else ''}, task {m.task}, {scale}, "
+                     f"{m.max_ongoing_requests} ongoing + "
                      f"{m.max_queued_requests} queued per replica, {m.cpus_per_replica:g} CPU / "
                      f"{m.gpus_per_replica:g} GPU per replica"
                      + (", prefix-affine routing" if m.routing == "prefix_affinity" else ""))

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from fleetllm import sizing
 from fleetllm.errors import SpecError
 from fleetllm.secrets import API_KEY_ENV, SecretRef, check_api_key
 from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
+
+log = logging.getLogger("fleetllm.serve")
 
 
 class AutoscalingSpec(StrictModel):
@@ -289,21 +292,25 @@ class LLMConfig(ServedEngineSpec):
         "max_ongoing_requests, max_queued_requests, ray_actor_options.",
     )
 
-    accelerator_type: str | None = Field(None, description="Ray accelerator type of the replicas (e.g. A10G, L4, "
-                                         "H100), as Ray Serve LLM's LLMConfig.accelerator_type.")
+    accelerator_type: str | None = Field(
+        None, description="Ray accelerator type of the replicas (e.g. A10G, L4, H100), as Ray Serve LLM's "
+        "LLMConfig.accelerator_type: a scheduling constraint of GPU replicas. A CPU replica (no GPU reserved, the "
+        "transformers engine) has no accelerator to match: the type is logged and not passed to Ray.")
     runtime_env: dict[str, Any] | None = Field(None, description="Ray runtime_env of the replicas (Ray Serve LLM's).")
 
     @model_validator(mode="before")
     @classmethod
-    def _ray_serve_llm_names(cls, data: Any) -> Any:
-        """Ray Serve LLM's `llm_engine` ("vLLM") is fleetllm's `engine`."""
-        if isinstance(data, dict) and "llm_engine" in data:
-            data = dict(data)
-            engine = str(data.pop("llm_engine"))
-            if "engine" in data and data["engine"] != engine.lower():
-                raise ValueError(f"give llm_engine (Ray's name) or engine, not both ({engine!r}, {data['engine']!r})")
-            data["engine"] = engine.lower()
-        return data
+    def _ray_names(cls, data: Any) -> Any:  # llm_engine, request_router_config, ... (fleetllm.serve.ray_names)
+        from fleetllm.serve.ray_names import normalize
+
+        return normalize(data)
+
+    @model_validator(mode="after")
+    def _accelerator_on_cpu(self) -> "LLMConfig":
+        if self.accelerator_type and self.on_cpu():
+            log.warning("LLMConfig accelerator_type=%r: the replicas of %r run on CPU (transformers, no GPU "
+                        "reserved), so the type is not passed to Ray", self.accelerator_type, self.model_id)
+        return self
 
     @field_validator("deployment_config")
     @classmethod
@@ -311,6 +318,9 @@ class LLMConfig(ServedEngineSpec):
         unknown = sorted(set(value) - DEPLOYMENT_KEYS)
         if unknown:
             raise ValueError(f"deployment_config keys {unknown} are not supported; use {sorted(DEPLOYMENT_KEYS)}")
+        if value.get("num_replicas") == "auto":
+            raise ValueError("deployment_config num_replicas='auto' is not supported; give autoscaling_config "
+                             "(min_replicas, max_replicas) for Ray Serve's autoscaling")
         if "autoscaling_config" in value and "num_replicas" in value:
             raise ValueError("give either num_replicas or autoscaling_config in deployment_config, not both")
         return value
@@ -322,8 +332,17 @@ class LLMConfig(ServedEngineSpec):
     def resolved_engine(self) -> str:
         """The engine a replica runs: fleetllm.sizing.choose_engine (auto: vLLM when it is installed and there
         are GPUs: the replica's, or where it reserves none, this machine's), as for batch jobs."""
-        gpus = self.deployment_options()["ray_actor_options"].get("num_gpus") or sizing.local_gpu_count()
+        gpus = self._reserved_gpus() or sizing.local_gpu_count()
         return sizing.choose_engine(self.engine, gpus=float(gpus))[0]
+
+    def _reserved_gpus(self) -> float:
+        return float(self.deployment_config.get("ray_actor_options", {}).get("num_gpus") or 0)
+
+    def on_cpu(self) -> bool:
+        """The replicas have no accelerator: no GPU reserved and the transformers engine (named, or auto's)."""
+        if self._reserved_gpus() or self.engine == "vllm":
+            return False
+        return self.engine == "transformers" or self.resolved_engine() == "transformers"
 
     def stream_budget(self, direct: bool = False) -> float:
         """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default;
@@ -346,9 +365,10 @@ class LLMConfig(ServedEngineSpec):
         # max_queued_requests is per replica in serve.yaml; Ray Serve counts it per caller (the router)
         opts["max_queued_requests"] = int(opts["max_queued_requests"]) * int(replicas)
         opts.setdefault("ray_actor_options", {"num_cpus": 1})
-        if self.accelerator_type or self.runtime_env:
+        accelerator = self.accelerator_type if self.accelerator_type and not self.on_cpu() else None
+        if accelerator or self.runtime_env:
             opts["ray_actor_options"] = {**opts["ray_actor_options"], **{k: v for k, v in (
-                ("accelerator_type", self.accelerator_type), ("runtime_env", self.runtime_env)) if v}}
+                ("accelerator_type", accelerator), ("runtime_env", self.runtime_env)) if v}}
         return opts
 
 

@@ -16,6 +16,33 @@ def chat_lines(n: int, model: str, max_tokens: int = 8, prefix: str = "r") -> li
                       "max_tokens": max_tokens, "temperature": 0}} for i in range(n)]
 
 
+def document_lines(docs: int, questions: int, model: str = "m", max_tokens: int = 3, seed: int = 0) -> list[dict]:
+    """Lines sharing prompt prefixes: each document asked `questions` questions (custom_id d<doc>q<question>),
+    as chat lines (some with content parts, some with their message keys in another order) and, for every
+    third document, completions lines; shuffled, so the lines of one document are spread over the file."""
+    import random
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma"]
+    texts = [f"Document {d}. " + " ".join(rng.choice(words) for _ in range(80)) for d in range(docs)]
+    lines = []
+    for d in range(docs):
+        for q in range(questions):
+            ask = f"What is word {q} of document {d}?"
+            if d % 3 == 2:
+                url = "/v1/completions"
+                body = {"model": model, "prompt": f"{texts[d]}\n{ask}", "max_tokens": max_tokens, "seed": q}
+            else:
+                user = ({"content": [{"type": "text", "text": texts[d]}, {"type": "text", "text": f"\n{ask}"}],
+                         "role": "user"} if q % 2 else {"role": "user", "content": f"{texts[d]}\n{ask}"})
+                url, body = "/v1/chat/completions", {
+                    "model": model, "messages": [{"role": "system", "content": "Answer briefly."}, user],
+                    "max_tokens": max_tokens, "temperature": 0}
+            lines.append({"custom_id": f"d{d}q{q}", "method": "POST", "url": url, "body": body})
+    rng.shuffle(lines)
+    return lines
+
+
 def jsonl(lines: list[Any]) -> bytes:
     return "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines).encode() + b"\n"
 

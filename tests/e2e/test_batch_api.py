@@ -7,6 +7,7 @@ with each custom_id answered once (its own server, started twice)."""
 from __future__ import annotations
 
 import collections
+import re
 
 import httpx
 import openai
@@ -125,6 +126,8 @@ def test_cancel_stops_and_keeps_partial_output(client, served):
     assert exc.value.status_code == 409
     metrics = httpx.get(served.url.removesuffix("/v1") + "/metrics", timeout=30).text
     assert 'fleetllm_batch_requests_total{endpoint="chat",model="smollm2",status="200"}' in metrics
+    window = re.search(r'^fleetllm_batch_admission_window\{model="smollm2"\} (\S+)$', metrics, re.M)
+    assert window and float(window.group(1)) >= 1  # batch rows went through the admission window
 
 
 def test_completion_window_expires_with_finished_lines_kept(client):

@@ -107,6 +107,19 @@ def test_token_ids_built_ahead_are_what_vllm_gets(engine):
     assert result.num_input_tokens == len(france)
 
 
+def test_prompt_logprobs_for_echo_come_from_vllm(engine):
+    # `echo` with `logprobs` on /v1/completions: each prompt token's logprob given those before it (the first
+    # has none), with the `top` likeliest, as the transformers engine gives them (fleetllm.serve.echo)
+    ids = engine.tokenizer("Hello, my name is")["input_ids"]
+    entries = engine.prompt_logprobs(ids, 2)
+    assert [e["token"] for e in entries] == [engine.tokenizer.decode([i]) for i in ids]
+    assert entries[0] == {"token": entries[0]["token"], "logprob": None, "top_logprobs": None}
+    for entry in entries[1:]:
+        tops = [t["logprob"] for t in entry["top_logprobs"]]
+        assert len(tops) == 2 and tops == sorted(tops, reverse=True) and entry["logprob"] <= tops[0] + 1e-4 < 0.0
+    assert all(e["top_logprobs"] == [] for e in engine.prompt_logprobs(ids, 0)[1:])
+
+
 def test_stream_joins_to_the_full_text(engine):
     request = chat("What is the capital of France?", max_tokens=24)
     full = engine.generate([request])[0]

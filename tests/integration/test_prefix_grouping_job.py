@@ -135,3 +135,64 @@ def test_a_timestamp_column_is_refused_by_on_and_keeps_auto_off(tiny_model, tmp_
     plan = plan_job(spec("auto"), dry_run=True)
     assert not plan.grouped and "'at'" in plan.grouping.reason
     assert not (tmp_path / "out-auto").exists() and not (tmp_path / "out-on").exists()
+
+
+def test_openai_batch_job_groups_its_lines_and_answers_each_custom_id_once(tiny_model, tmp_path):
+    """The job a Batch API batch runs (openai_batch in and out), on the transformers engine: auto groups
+    lines sharing a document, each custom_id answered once in OpenAI's shape, a document's lines run
+    together, the same answers as ungrouped, and a resumed run computes only the lost shards."""
+    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.testing.batch_client import document_lines, jsonl
+
+    docs, questions = 66, 4  # 264 lines: above auto's 256-row minimum
+    lines = document_lines(docs, questions, max_tokens=2)
+    (tmp_path / "batch.jsonl").write_bytes(jsonl(lines))
+
+    def spec(out: str, grouping: str = "auto") -> JobSpec:
+        return JobSpec.model_validate({
+            "name": "batch", "model": {"source": tiny_model, "engine": "transformers"},
+            "input": {"path": str(tmp_path / "batch.jsonl"), "format": "openai_batch"},
+            "output": {"path": str(tmp_path / out), "format": "openai_batch", "shard_rows": 32},
+            "compute": {"replicas": 1, "batch_size": 32, "prefix_grouping": grouping}})
+
+    def answers(out: str) -> list[dict]:
+        assert (tmp_path / out / "errors.jsonl").read_text() == ""
+        return [json.loads(x) for x in (tmp_path / out / "output.jsonl").read_text().splitlines()]
+
+    grouped = spec("grouped")
+    plan = plan_job(grouped, dry_run=True)
+    assert plan.grouped and plan.grouping.reason.startswith("auto: "), plan.grouping.reason
+    report = run_job(grouped)
+    assert report["prefix_grouping"]["on"] and report["rows"] == len(lines)
+    out = answers("grouped")
+    assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)  # each once
+    url = {x["custom_id"]: x["url"] for x in lines}
+    for x in out:
+        body = x["response"]["body"]
+        assert x["response"]["status_code"] == 200 and body["usage"]["completion_tokens"] > 0
+        if url[x["custom_id"]] == "/v1/chat/completions":
+            assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+        else:
+            assert body["object"] == "text_completion" and isinstance(body["choices"][0]["text"], str)
+    # a document's lines ran together: output.jsonl follows the grouped shards, a document split at most at
+    # a shard's edge (the input has them scattered: a run per line, nearly)
+    order = [x["custom_id"].split("q")[0] for x in out]
+    runs = [d for k, d in enumerate(order) if k == 0 or order[k - 1] != d]
+    assert len(runs) <= docs + report["shards"]
+    scattered = [x["custom_id"].split("q")[0] for x in lines]
+    assert sum(k == 0 or scattered[k - 1] != d for k, d in enumerate(scattered)) > 3 * docs
+
+    def texts(rows: list[dict]) -> dict[str, tuple]:
+        return {x["custom_id"]: (x["response"]["body"]["usage"]["prompt_tokens"],
+                                 json.dumps(x["response"]["body"]["choices"])) for x in rows}
+
+    run_job(spec("ungrouped", "off"))
+    assert texts(answers("ungrouped")) == texts(out)  # the same prompt and greedy answer per custom_id
+
+    commits = sorted((tmp_path / "grouped" / "_fleetllm" / "commits").iterdir())
+    lost = sum(json.loads(p.read_text())["rows"] for p in commits[:2])
+    for p in commits[:2]:
+        p.unlink()
+    again = run_job(grouped)
+    assert again["rows_computed"] == lost and again["shards_computed"] == 2
+    assert texts(answers("grouped")) == texts(out)

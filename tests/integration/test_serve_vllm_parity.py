@@ -29,13 +29,18 @@ def _server(path: str, model_id: str, **config) -> ModelServer:
 @pytest.fixture(scope="module")
 def api(tiny_model, tmp_path_factory):
     """"tiny": the tiny model (no sampling in its generation_config.json), with prompt_tokens_details on;
-    "greedy": a copy whose generation_config.json says temperature 0."""
-    greedy = tmp_path_factory.mktemp("greedy") / "tiny"
-    shutil.copytree(tiny_model, greedy)
-    config = json.loads((greedy / "generation_config.json").read_text())
-    (greedy / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.0}))
+    "greedy": a copy whose generation_config.json says temperature 0; "sampling": one whose config samples
+    (do_sample, temperature 0.9, top_p 0.95, as many instruct models ship)."""
+    def variant(name: str, **generation) -> str:
+        folder = tmp_path_factory.mktemp(name) / "tiny"
+        shutil.copytree(tiny_model, folder)
+        config = json.loads((folder / "generation_config.json").read_text())
+        (folder / "generation_config.json").write_text(json.dumps({**config, **generation}))
+        return str(folder)
+
     servers = {"tiny": _server(tiny_model, "tiny", enable_prompt_tokens_details=True),
-               "greedy": _server(str(greedy), "greedy")}
+               "greedy": _server(variant("greedy", temperature=0.0), "greedy"),
+               "sampling": _server(variant("sampling", do_sample=True, temperature=0.9, top_p=0.95), "sampling")}
     yield make_api({m: LocalBackend(s, max_ongoing_requests=8) for m, s in servers.items()}), servers
     for s in servers.values():
         s.engine.stop()
@@ -65,6 +70,26 @@ def test_default_sampling_follows_the_generation_config(api):
     assert n2.status_code == 400 and n2.json()["error"]["param"] == "n"  # greedy by the config: one answer
     (three,) = post(app, {**body, "model": "tiny", "n": 3})  # sampled by default: n > 1 needs no temperature
     assert len({c["message"]["content"] for c in three.json()["choices"]}) == 3
+
+
+def test_the_openai_client_samples_by_a_sampling_generation_config(api):
+    """The official client, no temperature in the request, a model whose generation_config.json samples: its
+    values apply (vLLM's --generation-config auto) and two answers differ."""
+    import openai
+
+    app, servers = api
+    assert servers["sampling"].default_sampling == {"temperature": 0.9, "top_p": 0.95}
+
+    async def go() -> list[str]:
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test/v1", timeout=120)
+        client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
+        answers = await asyncio.gather(*[client.chat.completions.create(
+            model="sampling", messages=MSG, max_tokens=12, extra_body={"ignore_eos": True}) for _ in range(2)])
+        await http.aclose()
+        return [a.choices[0].message.content for a in answers]
+
+    one, two = asyncio.run(go())
+    assert one != two
 
 
 def test_token_id_prompts_and_echo_with_the_prompts_logprobs(api):

@@ -124,3 +124,26 @@ def test_serve_spec_places_batches_under_fleetllm_home_and_halves_the_capacity(t
     assert spec.batch_models() == {"a": {"task": "generate", "max_in_flight": 16}}
     off = ServeSpec.model_validate({"models": [{"model_id": "a"}], "batches": {"enabled": False}})
     assert off.batch_store_url() is None
+
+
+def test_a_batchs_job_groups_lines_sharing_a_prefix_and_never_embeddings(tmp_path):
+    from fleetllm.batch.api_job import job_spec
+    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batches.store import batch_object
+    from fleetllm.testing.batch_client import document_lines, jsonl
+
+    store = BatchStore(str(tmp_path))
+
+    def planned(lines: list[dict], endpoint: str):
+        up = store.add_file("in.jsonl", "batch", lambda fh: fh.write(jsonl(lines)))
+        batch = batch_object(f"batch_{len(store.files())}", up["id"], endpoint, "24h", None)
+        spec = job_spec(store, batch, "http://127.0.0.1:9/v1", "m", 16, 8)
+        assert spec.compute.prefix_grouping == "auto"
+        return plan_job(spec, dry_run=True)  # decides the grouping from the lines; writes nothing
+
+    plan = planned(document_lines(70, 4), "/v1/chat/completions")  # 280 lines, each document asked 4 times
+    assert plan.grouped and "grouping   auto: " in "\n".join(plan.describe())
+    assert not planned(document_lines(70, 1), "/v1/chat/completions").grouped  # nothing shared: input order
+    embed = planned([{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                      "body": {"model": "e", "input": "the same text"}} for i in range(300)], "/v1/embeddings")
+    assert not embed.grouped and "not for embed jobs" in embed.grouping.reason

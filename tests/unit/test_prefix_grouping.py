@@ -15,6 +15,7 @@ from fleetllm.batch.io import GROUPED_FORMAT, describe_files
 from fleetllm.batch.plan import plan_shards
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.shard_rows import read_shard_rows
+from fleetllm.testing.batch_client import document_lines
 
 TEMPLATE = "Read the document and answer.\n\nDocument:\n{doc}\n\nQuestion: {question}"
 
@@ -194,3 +195,74 @@ def test_replica_lanes_keep_each_grouped_file_on_one_lane_balanced_and_determini
         assert max(loads) - min(loads) <= biggest  # balanced to within one file
     one_file = [s for s in shards if s.rel == shards[0].rel]
     assert prefix.replica_lanes(one_file, 4) == [one_file]  # no empty lanes
+
+
+def test_openai_batch_lines_key_on_their_messages_in_order_or_their_prompt():
+    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+
+    pre = OpenAIBatchPreprocessor({})
+
+    def key_text(line: dict) -> str:
+        row = {**line, "body": json.dumps(line["body"]), "_file": "b.jsonl", "_line": 0}
+        return prefix.prompt_text(pre(row))
+
+    system = {"role": "system", "content": "Be brief."}
+    chat = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [system, {"role": "user", "content": "Doc one. Question 1?"}]}}
+    assert key_text(chat) == "system\nBe brief.\nuser\nDoc one. Question 1?\n"
+    parts = {**chat, "body": {"messages": [system, {"content": [{"type": "text", "text": "Doc one. "},
+                                                                 {"type": "text", "text": "Question 2?"}],
+                                                     "role": "user"}]}}
+    assert key_text(parts) == "system\nBe brief.\nuser\nDoc one. Question 2?\n"  # parts joined, key order moot
+    completion = {"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Once upon"}}
+    assert key_text(completion) == "Once upon"
+    assert key_text({**completion, "body": {"prompt": ["Once", " upon"]}}) == "Once upon"
+    assert key_text({**chat, "url": "/v1/images/generations"}) == ""  # an error line: no key of its own
+    assert prefix.prompt_text({"_input_error": None, "error": "line 3 is not a JSON object"}) == ""
+
+
+def test_openai_batch_input_is_grouped_keeping_every_field_of_each_line(tmp_path):
+    from fleetllm.batch.job_plan import decide_grouping, grouped_shards
+    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+    from fleetllm.spec import JobSpec
+
+    lines = document_lines(docs=70, questions=4)
+    text = [json.dumps(x) for x in lines]
+    text.insert(57, "{not json")
+    (tmp_path / "batch.jsonl").write_text("\n".join(text) + "\n")
+    spec = JobSpec.model_validate({
+        "model": {"source": "m", "engine": "openai", "engine_kwargs": {"base_url": "http://127.0.0.1:9/v1"}},
+        "input": {"path": str(tmp_path / "batch.jsonl"), "format": "openai_batch"},
+        "output": {"path": str(tmp_path / "out"), "format": "openai_batch", "shard_rows": 16}})
+    assert spec.compute.prefix_grouping == "auto"
+    shards = plan_shards(describe_files(spec.input.path, "openai_batch", 16), 16)
+    decision = decide_grouping(spec, "generate", None, shards)
+    assert decision.on, decision.reason  # 281 lines, each document's prompt 4 times: auto groups them
+    gshards = grouped_shards(spec, shards, decision, {"input_format": "openai_batch"})
+    pre = OpenAIBatchPreprocessor({})
+    by_shard = {s.shard_id: [pre(r) for r in read_shard_rows(s.to_dict(), GROUPED_FORMAT)] for s in gshards}
+    seen = [r for rs in by_shard.values() for r in rs]
+    assert sorted(r["row_id"] for r in seen) == sorted([x["custom_id"] for x in lines] + ["batch.jsonl:57"])
+    original = {x["custom_id"]: x for x in lines}
+    for r in seen:  # every field of the line, as it was
+        if r["row_id"] == "batch.jsonl:57":
+            assert "is not a JSON object" in r["error"] and "custom_id" not in r
+            continue
+        assert r["error"] is None
+        assert {k: r[k] for k in ("custom_id", "method", "url")} == {k: original[r["custom_id"]][k]
+                                                                       for k in ("custom_id", "method", "url")}
+        assert json.loads(r["body"]) == original[r["custom_id"]]["body"]
+    for rs in by_shard.values():  # a document's lines next to each other within a shard
+        docs = [r["custom_id"].split("q")[0] for r in rs if "custom_id" in r]
+        runs = [d for k, d in enumerate(docs) if k == 0 or docs[k - 1] != d]
+        assert len(runs) == len(set(runs))
+    where = defaultdict(set)
+    for sid, rs in by_shard.items():
+        for r in rs:
+            if "custom_id" in r:
+                where[r["custom_id"].split("q")[0]].add(sid)
+    assert sum(len(s) == 1 for s in where.values()) >= 0.75 * len(where)
+
+    embed = JobSpec.model_validate({**spec.model_dump(exclude_defaults=True), "task": "embed"})
+    refused = decide_grouping(embed, "embed", None, shards)
+    assert not refused.on and "embed jobs (OpenAI Batch /v1/embeddings lines)" in refused.reason

@@ -35,6 +35,45 @@ def test_to_plain_unwraps_numpy_values():
     assert to_plain({"stop": np.array(["a", "b"]), "seed": np.int64(3)}) == {"stop": ["a", "b"], "seed": 3}
 
 
+def test_prompt_logprobs_from_vllm_become_echo_entries():
+    # vLLM's prompt_logprobs: None for the first token, then {token_id: Logprob(logprob, rank, decoded_token)}
+    # holding the prompt's token and the `top` likeliest; a token vLLM left undecoded is decoded here
+    from types import SimpleNamespace as Lp
+
+    from fleetllm.engines.vllm_outputs import prompt_logprob_entries
+
+    positions = [None, {7: Lp(logprob=-2.0, rank=3, decoded_token=" b"), 5: Lp(logprob=-0.5, rank=1, decoded_token="x"),
+                        6: Lp(logprob=-1.0, rank=2, decoded_token="y")},
+                 {8: Lp(logprob=-0.1, rank=1, decoded_token=None)}]
+    entries = prompt_logprob_entries([4, 7, 8], positions, 2, lambda ids: f"<{ids[0]}>")
+    assert entries == [
+        {"token": "<4>", "logprob": None, "top_logprobs": None},
+        {"token": " b", "logprob": -2.0,
+         "top_logprobs": [{"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -1.0}]},
+        {"token": "<8>", "logprob": -0.1, "top_logprobs": [{"token": None, "logprob": -0.1}]},
+    ]
+    assert prompt_logprob_entries([4, 7], positions[:2], 0, str)[1]["top_logprobs"] == []
+
+
+# What fleetllm may add to the user's engine_kwargs on a GPU: docs/performance.md ("What fleetllm gives vLLM")
+# lists each with its reason. None of them touches the model's arithmetic.
+GIVEN_ON_GPU = {"disable_log_stats", "max_num_seqs", "compilation_config", "scheduling_policy"}
+ARITHMETIC = {"dtype", "kv_cache_dtype", "quantization", "calculate_kv_scales", "seed", "generation_config",
+              "override_generation_config", "max_model_len", "enable_prefix_caching", "hf_overrides"}
+
+
+def test_on_a_gpu_fleetllm_adds_only_the_documented_settings_and_none_of_the_arithmetic():
+    for rows in (None, 64, 1024, 4096):
+        engine = VLLMEngine("m")
+        engine.rows_in_flight = rows
+        added = set(engine.vllm_kwargs(on_cpu=False))
+        assert added <= GIVEN_ON_GPU and not added & ARITHMETIC, (rows, added)
+    from fleetllm.engines.vllm_defaults import offline_batch_defaults
+
+    on_h200 = offline_batch_defaults(4096, True, {}, 1024)  # vLLM's LLM-class default on an H200: 1,024 seqs
+    assert "compilation_config" in on_h200 and set(on_h200) <= GIVEN_ON_GPU  # graphs for the full decode batch
+
+
 def test_lora_slots_sized_from_the_adapters_with_an_empty_one_on_the_cpu(tmp_path):
     import json
 

@@ -171,6 +171,12 @@ class AIMDController:
         """A request succeeded after `latency_s` seconds."""
         self._release()
         self.stats.successes += 1
+        self.on_sample(ticket, latency_s, completion_tokens)
+
+    def on_sample(self, ticket: Ticket, latency_s: float, completion_tokens: int | None = None) -> None:
+        """A latency sample that grows or cuts the window as a success does, releasing nothing: a request of
+        other traffic that shares the server (fleetllm.serve.batch_admission feeds interactive requests' latency
+        to the window of Batch API rows), with `ticket` saying when it was sent."""
         if not self.config.enabled:
             return
         overloaded = self._observe_latency(latency_s, completion_tokens)
@@ -189,6 +195,11 @@ class AIMDController:
             self.paused_until = max(self.paused_until, self.clock() + pause)
         if self.config.enabled:
             self._decrease(ticket, signal)
+
+    def on_quiet(self) -> None:
+        """No latency sample for a while (the traffic it came from stopped): grow as after a success."""
+        if self.config.enabled:
+            self._increase()
 
     def on_other(self, ticket: Ticket) -> None:
         """A failure that says nothing about load (400, 401, connection refused...): only release."""

@@ -258,8 +258,9 @@ class QueryClient:
         if delay < 1.0:
             return
         said = failure.retry_after_s
+        cap = self.retry.max_backoff_s
         why = "" if said is None else (f"; Retry-After {said:g} s" + (
-            f", capped at retry.max_backoff_s {self.retry.max_backoff_s:g} s" if said > self.retry.max_backoff_s else ""))
+            f", capped at retry.max_backoff_s {cap:g} s" if said > cap else ""))
         line = f"waiting {delay:.0f} s to retry {self.base_url}: {failure.message[:160]}{why}"
         log.warning(line)
         for listener in list(wait_listeners):

@@ -1,0 +1,108 @@
+"""Admission of Batch API rows from the interactive latency (issue 34): batch work fills spare capacity.
+
+Batch rows already run after interactive requests at the engine (priority 1, vLLM's priority scheduling),
+but every batch row in an engine batch still lengthens each decode step, so a full batch window raises the
+interactive inter-token latency. Here the API holds batch rows back before the engine: the rows one API
+process lets into the engines form an AIMD window (fleetllm.engines.openai.aimd, the controller the batch
+client and `ai_query` use) whose latency signal is the *interactive* requests' latency per output token
+(TTFT included), sampled as each finishes:
+
+- the window grows while interactive latency holds near its baseline (the best seen), or while no
+  interactive request finished in the last `quiet_s` seconds (nothing to protect);
+- it is cut when the smoothed interactive latency rises past `latency_tolerance` x that baseline;
+- a batch row that finds the window full waits in the API (never an error): its client's own AIMD window
+  sees the longer latency and sends less.
+
+One gate per API process and model: on the direct path that is each replica (its own engine), behind the
+separate ingress each ingress replica over the model's replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, AsyncIterator, Callable
+
+from fleetllm.batches.store import BATCH_HEADER
+from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController, Ticket
+
+BATCH_PRIORITY = 1  # the engine priority of batch rows (lower runs first, as vLLM orders them; interactive 0)
+
+# The tolerance the Batch API promises interactive traffic (its must-show: within 1.25x of alone).
+DEFAULT_TOLERANCE = 1.25
+DEFAULT_MAX_WINDOW = 1024
+
+
+def admission_config(max_window: int = DEFAULT_MAX_WINDOW, tolerance: float = DEFAULT_TOLERANCE) -> AIMDConfig:
+    """The window's settings: per-token latency, cuts of 0.8 to 0.5 (deeper the higher latency rose)."""
+    return AIMDConfig(initial_window=min(16, max_window), max_window=max_window, latency_tolerance=tolerance,
+                      latency_backoff_factor=0.8, backoff_factor=0.5, latency_per_token=True,
+                      min_latency_samples=8, latency_smoothing=0.2)
+
+
+def is_batch(request: Any) -> bool:
+    """A Batch API row (the batch service marks its requests with the batch's id)."""
+    return bool(request.headers.get(BATCH_HEADER))
+
+
+def priority_of(request: Any) -> int:
+    """The engine priority of a request: batch rows after interactive ones."""
+    return BATCH_PRIORITY if is_batch(request) else 0
+
+
+class BatchAdmission:
+    """The window of batch rows in the engines of one model, driven by interactive latency (module doc)."""
+
+    def __init__(self, config: AIMDConfig | None = None, quiet_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = AIMDController(config or admission_config(), clock=clock)
+        self.quiet_s = quiet_s
+        self.clock = clock
+        self.last_interactive = float("-inf")
+        self.waiting = 0
+        self._changed = asyncio.Event()
+
+    # --- pure part (no waiting): what the unit tests drive -----------------------------------------------
+
+    def try_admit(self) -> Ticket | None:
+        """A slot for one batch row, or None while the window is full."""
+        return self.window.try_acquire()
+
+    def done(self, ticket: Ticket) -> None:
+        """A batch row left the engine; with no interactive traffic lately, the window grows."""
+        self.window.on_other(ticket)
+        if self.clock() - self.last_interactive > self.quiet_s:
+            self.window.on_quiet()
+        self._changed.set()
+
+    def interactive(self, sent_at: float, latency_s: float, output_tokens: int | None) -> None:
+        """An interactive request sent at `sent_at` finished after `latency_s` with `output_tokens`."""
+        self.last_interactive = self.clock()
+        self.window.on_sample(Ticket(sent_at=sent_at), latency_s, output_tokens)
+        self._changed.set()
+
+    def snapshot(self) -> dict[str, object]:
+        return {**self.window.snapshot(), "waiting": self.waiting}
+
+    # --- asyncio part ------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one place in the window for a batch row (waits while it is full)."""
+        ticket = self.try_admit()
+        self.waiting += 1
+        try:
+            while ticket is None:
+                self._changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):  # re-check now and then: quiet growth
+                    await asyncio.wait_for(self._changed.wait(), timeout=0.25)
+                if self.clock() - self.last_interactive > self.quiet_s and self.window.in_flight == 0:
+                    self.window.on_quiet()  # nothing in flight, nothing interactive: open up
+                ticket = self.try_admit()
+        finally:
+            self.waiting -= 1
+        try:
+            yield
+        finally:
+            self.done(ticket)

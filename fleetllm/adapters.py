@@ -59,7 +59,8 @@ def resolve(name: str, source: str) -> str:
 
             return snapshot_download(source)
         except Exception as exc:  # noqa: BLE001 - offline, unknown id, no access: one message
-            raise ModelError(f"LoRA adapter {name!r}: could not fetch {source!r} from the Hugging Face hub: {exc}") from None
+            raise ModelError(f"LoRA adapter {name!r}: could not fetch {source!r} from the Hugging Face hub: "
+                             f"{exc}") from None
     raise ModelError(f"LoRA adapter {name!r}: source {source!r} is neither a local folder, an object-store URL "
                      "(s3://...) nor a Hugging Face id of the form org/name")
 

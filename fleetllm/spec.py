@@ -150,7 +150,8 @@ class StructuredOutputsSpec(StrictModel):
     json_object: bool = Field(False, description="Outputs are any JSON object.")
     choice: list[str] | None = Field(None, min_length=1, description="Outputs are exactly one of these strings.")
     regex: str | None = Field(None, description="Outputs match this regular expression.")
-    grammar: str | None = Field(None, description="Outputs follow this grammar (EBNF/GBNF as xgrammar reads it, or Lark).")
+    grammar: str | None = Field(None, description="Outputs follow this grammar (EBNF/GBNF as xgrammar reads it, "
+                                "or Lark).")
     strict: bool | None = Field(None, description="OpenAI's json_schema.strict, recorded as given; decoding "
                                 "follows the schema either way.")
     disable_any_whitespace: bool = Field(
@@ -184,7 +185,8 @@ class StructuredOutputsSpec(StrictModel):
                 if not path.is_file():
                     raise ValueError(f"sampling.structured_outputs.json_file {self.json_file!r} does not exist; "
                                      "check the path (relative to the current directory)")
-                out["json"] = check_schema(path.read_text(), f"sampling.structured_outputs.json_file {self.json_file!r}")
+                where = f"sampling.structured_outputs.json_file {self.json_file!r}"
+                out["json"] = check_schema(path.read_text(), where)
             elif self.pydantic:
                 out["json"] = check_schema(load_pydantic_schema(self.pydantic), f"pydantic model {self.pydantic!r}")
             elif self.json_object:
@@ -239,7 +241,8 @@ class SamplingSpec(StrictModel):
 
 
 class OutputSpec(StrictModel):
-    path: str = Field(..., description="Output folder: data files (part-*.parquet), _fleetllm/ (commits, report) and the run record _SUCCESS.")
+    path: str = Field(..., description="Output folder: data files (part-*.parquet), _fleetllm/ (commits, report) "
+                      "and the run record _SUCCESS.")
     format: Literal["parquet", "jsonl", "openai_batch"] = Field("parquet", description="Data file format.")
     shard_rows: int = Field(1000, ge=1, description="Rows per shard, the unit of commit and resume.")
 

@@ -87,8 +87,7 @@ SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
 def shaped(row: dict, min_chars: int, out: int) -> dict:
     """The row with its prompt repeated to at least `min_chars` characters and exactly `out` tokens out."""
     row = dict(row)
-    sp = json.loads(row["sampling_params"]) if isinstance(row.get("sampling_params"), str) else dict(row.get("sampling_params") or {})
-    row["sampling_params"] = json.dumps({**sp, "max_tokens": out, "min_tokens": out})
+    row["sampling_params"] = json.dumps({**row_sampling(row), "max_tokens": out, "min_tokens": out})
     if row.get("_messages"):
         messages = json.loads(row["_messages"])
         text = str(messages[-1].get("content") or "x")
@@ -99,9 +98,14 @@ def shaped(row: dict, min_chars: int, out: int) -> dict:
     return row
 
 
-def sampling_of(row: dict, plan) -> dict:
+def row_sampling(row: dict) -> dict:
+    """A row's sampling_params as a dict (the preprocessor's JSON text, or a dict)."""
     sp = row.get("sampling_params")
-    sp = json.loads(sp) if isinstance(sp, str) else dict(sp or {})
+    return json.loads(sp) if isinstance(sp, str) else dict(sp or {})
+
+
+def sampling_of(row: dict, plan) -> dict:
+    sp = row_sampling(row)
     sp.setdefault("max_tokens", plan.spec.sampling.max_tokens)
     return sp
 

@@ -111,8 +111,10 @@ class JobPlan:
             f"replicas   {self.replicas} x {self.resources}, {self.in_flight} batch(es) of {self.rows_per_call} "
             f"rows in flight per replica (sized for {self.sized_for})",
             *(f"           {line}" for line in self.replica_plan.description[1:]),
-            f"prompts    {self.prompt_stage if self.task == 'generate' else 'text as it is (no chat template), tokenized in the replicas'}",
-            f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of <= {s.output.shard_rows}",
+            "prompts    " + (self.prompt_stage if self.task == "generate"
+                                 else "text as it is (no chat template), tokenized in the replicas"),
+            f"input      {s.input.path}: {self.total_rows} rows in {len(self.shards)} shard(s) of "
+            f"<= {s.output.shard_rows}",
             *([f"grouping   {self.grouping.reason}"] if self.grouping is not None else []),
             *(["           rows of one prefix bucket on one replica (one lane per replica)"]
               if self.lanes_by_prefix else []),
@@ -130,7 +132,8 @@ def check_columns(spec: JobSpec) -> list[dict[str, Any]]:
     rows it looked at."""
     if spec.input.format == "openai_batch":
         return []
-    rows = hf_input.peek(spec.input) if hf_input.is_hf(spec.input) else input_files.peek_rows(spec.input.path, spec.input.format)
+    rows = (hf_input.peek(spec.input) if hf_input.is_hf(spec.input)
+            else input_files.peek_rows(spec.input.path, spec.input.format))
     if spec.input.columns:
         rows = [hf_input.keep_columns(r, spec.input.columns) for r in rows]
     if not rows:
@@ -144,9 +147,10 @@ def check_columns(spec: JobSpec) -> list[dict[str, Any]]:
     if spec.prompt.template:
         missing = [c for c in template_fields(spec.prompt.template) if c not in present]
         if missing:
+            hints = "".join(renamed_hint(c) for c in missing if kept_name(c) in present)
             raise InputError(
                 f"prompt.template {spec.prompt.template!r} uses column(s) {missing} that the input rows "
-                f"lack; columns present: {present}{''.join(renamed_hint(c) for c in missing if kept_name(c) in present)}")
+                f"lack; columns present: {present}{hints}")
     elif spec.task != "embed" and "messages" not in present and "prompt" not in present:
         raise InputError(
             f"the input rows have no `messages` or `prompt` column and the job has no prompt.template; "

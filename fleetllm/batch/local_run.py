@@ -142,7 +142,8 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
 
     def shard_table(shard) -> Any:
         wait_for_engine_core()
-        rows = [preprocessor(r) for r in read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)]
+        read = read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)
+        rows = [preprocessor(r) for r in read]
         table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
         if pool.images is not None and pool.task == "generate":  # images fetched here, off the engine's path
             from fleetllm.batch.image_stage import add_images

@@ -48,13 +48,15 @@ class _ProcessorConfig(ray_names.RayProcessorFields):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the engine unchanged.")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Chat template variables.")
     concurrency: int | tuple[int, int] = Field(
-        1, description="Engine replicas (actors), each loading the model once; (min, max): as many as fit, at most max.")
+        1, description="Engine replicas (actors), each loading the model once; (min, max): as many as fit, at "
+        "most max.")
     batch_size: int = Field(16, ge=1, description="Rows handed to a replica at a time.")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per replica.")
     gpus_per_replica: float | None = Field(
         None, ge=0, description="GPUs per replica; default: tensor x pipeline parallel size on vLLM with GPUs, else 0.")
     batches_in_flight: int | Literal["auto"] = Field(
-        "auto", description="Batches a replica works on at once (vllm: auto keeps ~1024 rows in flight; transformers: 1).")
+        "auto", description="Batches a replica works on at once (vllm: auto keeps ~1024 rows in flight; "
+        "transformers: 1).")
     max_retries: int = Field(2, ge=0, description="Retries of a failing row before its error is recorded.")
     lora_adapters: dict[str, str] = Field(
         default_factory=dict, description="LoRA adapters {name: source}; a row whose `model` column names one "

@@ -3,8 +3,8 @@
 Stage inputs: a row carries either `messages` (a list of {role, content}) or `prompt` (text), and
 optionally `sampling_params` (a dict). The job's preprocessor hands the engine stage `_messages`, the
 messages as JSON text, so the column has one Arrow type whatever the rows hold (content text in one
-row, content parts in another); the input's own `messages` column is left as it was read. A row whose preparation failed carries `error` and skips the
-engine; it is still written, so no row is ever dropped.
+row, content parts in another); the input's own `messages` column is left as it was read. A row whose
+preparation failed carries `error` and skips the engine; it is still written, so no row is ever dropped.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from fleetllm.engines.base import (
     GenerationRequest,
     GenerationResult,
     StreamDelta,
-    clean_sampling,
 )
 from fleetllm.engines import transformers_vision, vllm_kwargs
 from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
@@ -50,7 +49,8 @@ class TransformersEngine(Engine):
         dtype_name = own.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
         dtype = getattr(torch, str(dtype_name).replace("torch.", ""), None)
         if not isinstance(dtype, torch.dtype):
-            raise EngineError(f"engine_kwargs.dtype {dtype_name!r} is not a torch dtype; use float32, bfloat16 or float16")
+            raise EngineError(f"engine_kwargs.dtype {dtype_name!r} is not a torch dtype; use float32, bfloat16 "
+                              "or float16")
         load_format = own.get("load_format", "auto")
         if load_format not in LOAD_FORMATS:
             raise EngineError(f"engine_kwargs.load_format {load_format!r} is not one of {LOAD_FORMATS}")

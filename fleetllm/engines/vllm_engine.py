@@ -422,7 +422,8 @@ class VLLMEngine(Engine):
                         raise RowError(f"vLLM ended the request ({out.finish_reason})")
                     yield StreamDelta(
                         index=out.index, text=out.text, num_generated_tokens=counts[out.index],
-                        finish_reason=finish, num_input_tokens=len(item.prompt_token_ids or prompt.get("prompt_token_ids") or []),
+                        finish_reason=finish,
+                        num_input_tokens=len(item.prompt_token_ids or prompt.get("prompt_token_ids") or []),
                         logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
                         num_cached_tokens=item.num_cached_tokens,
                     )

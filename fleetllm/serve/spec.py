@@ -3,7 +3,7 @@
     name: smollm2
     host: 127.0.0.1
     port: 8000
-    api_key: null                  # or a string (printable ASCII); also $FLEETLLM_API_KEY; or {secretKeyRef: {name, key}}
+    api_key: null                  # or a string (printable ASCII), $FLEETLLM_API_KEY, {secretKeyRef: {name, key}}
     ingress: auto                  # direct (the model replica serves HTTP) | separate (OpenAIIngress) | auto
     models:
       - model_id: smollm2

@@ -80,7 +80,7 @@ class RayProcessorFields(BaseModel):
     apply_chat_template: bool = True
     tokenize: bool = True
     detokenize: bool = True
-    has_image: bool = False
+    has_image: bool = False  # Ray's image stage: fleetllm's runs whenever the model reads images
 
 
 def _stage_enabled(value: Any) -> tuple[bool, dict[str, Any]]:
@@ -105,8 +105,8 @@ def normalize(data: Any) -> Any:
             log.info("%s=%r: fleetllm sizes this itself; not used", ray_name, data.pop(ray_name))
     for key in ("dynamic_lora_loading_path",):
         if data.get(key) is not None:
-            raise SpecError(f"{key} is not supported by fleetllm's processor; load LoRA adapters by "
-                            "model_source instead")
+            raise SpecError(f"{key} is not supported by fleetllm's processor; name each LoRA adapter in "
+                            "lora_adapters={name: source} (a row's `model` picks it)")
         data.pop(key, None)
     chat_kwargs = dict(data.get("chat_template_kwargs") or {})
     if data.get("chat_template") is not None:
@@ -143,9 +143,6 @@ def check(config: Any) -> None:
     if config.task_type not in ("generate", "embed"):
         raise SpecError(f"task_type={config.task_type!r}: fleetllm's processor generates or embeds; use "
                         "task_type='generate' or 'embed'")
-    if config.has_image:
-        raise SpecError("prepare_multimodal_stage / prepare_image_stage: fleetllm's processor takes text; images in "
-                        "chat messages are served by `fleetllm serve` (leave the stage disabled)")
     bundles = (config.placement_group_config or {}).get("bundles") or []
     gpus = sum(float(b.get("GPU", 0)) for b in bundles)
     if gpus and config.engine != "vllm":

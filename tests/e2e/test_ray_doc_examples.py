@@ -36,9 +36,11 @@ SKIPPED = {
     "basic_llm_example.py __parallel_config_example__": "tensor/pipeline parallel on 4 GPUs with accelerator_type L4",
     "basic_llm_example.py __runai_config_example__": "load_format runai_streamer (vLLM on GPUs)",
     "basic_llm_example.py __s3_config_example__": "a model in an S3 bucket (no network here)",
-    "basic_llm_example.py __lora_config_example__": "vLLM multi-LoRA (LoRA in batch is not claimed)",
+    "basic_llm_example.py __lora_config_example__": "dynamic_lora_loading_path on S3 (refused, naming lora_adapters; "
+                                                    "no network here)",
     "vlm_example.py, vlm_image_example.py, vlm_video_example.py, omni_audio_example.py":
-        "images, video and audio in the batch processor (fleetllm's processor takes text)",
+        "Qwen2.5-VL from the hub (no network here; the processor takes such image rows: "
+        "tests/integration/test_processor.py); video and audio (not claimed)",
     "serve_deployment_example.py": "ServeDeploymentProcessorConfig (not claimed)",
     "serve_multimodal_example.py": "ServeDeploymentProcessorConfig and images through Qwen3.5-4B (neither claimed)",
     "classification_example.py": "task_type='classify' on a sequence classification model (not claimed; refused)",
@@ -47,14 +49,14 @@ SKIPPED = {
     "build_llm_deployment docstring": "queries the deployment handle with chat.remote(ChatCompletionRequest); "
                                       "fleetllm's replicas speak HTTP",
     "quick-start.md Multi-LoRA deployment": "lora_config with dynamic_lora_loading_path on S3 (no network here)",
-    "quick-start.md Vision language models": "pixtral-12b on an L40S (images are t35's; no such model here)",
+    "quick-start.md Vision language models": "pixtral-12b on an L40S (no such model here)",
     "quick-start.md Serving small models on fraction of GPUs": "placement_group_config with fractional GPU bundles",
     "quick-start.md Embeddings": "engine_kwargs task=embed of Qwen2.5-0.5B (a chat model; fleetllm embeds with "
                                  "embedding models, task: embed)",
     "user-guides/autoscaling.md": "AutoscalingPolicy(TTFTAutoscalingPolicy) reading p99 TTFT from Prometheus "
                                   "(fleetllm autoscales on Ray Serve's ongoing requests: autoscaling_config)",
-    "user-guides/multi-lora.md": "lora_config and model:adapter requests (LoRA is issue 35's branch, not on main; "
-                                 "adapters on S3: no network here)",
+    "user-guides/multi-lora.md": "lora_config's dynamic_lora_loading_path on S3 (fleetllm names adapters in "
+                                 "lora_adapters; model:adapter requests: tests/e2e/test_serve_images_adapters.py)",
     "user-guides/model-loading.md, deployment-initialization.md: S3/GCS/Azure bucket_uri, s3:// with "
                                  "runai_streamer, runai_streamer_sharded":
         "model_source as a cloud mirror (dict(bucket_uri=...)) and vLLM's RunAI streamer load formats on GPUs "
@@ -64,7 +66,8 @@ SKIPPED = {
     "user-guides/model-loading.md, deployment-initialization.md: ray.init(runtime_env=...)":
         "Ray's own cluster-wide runtime_env (the tests' cluster is the fixture's)",
     "user-guides/configuration.md: lora_config, experimental_configs, model_source bucket_uri":
-        "LoRA (issue 35), Ray LLMServer knobs (not claimed; refused, named), cloud mirrors (as above)",
+        "lora_config (fleetllm: lora_adapters), Ray LLMServer knobs (not claimed; refused, named), cloud mirrors "
+        "(as above)",
     "user-guides/observability.md YAML": "not valid YAML as printed (accelerator_type, deployment_config and "
                                          "log_engine_metrics are indented outside the list item)",
     "direct_streaming_custom_router_example.py": "request_router_config naming Ray's ConsistentHashRouter (fleetllm "
@@ -81,7 +84,8 @@ SKIPPED = {
         "response_format json_schema given the bare Pydantic schema, without OpenAI's {name, schema}: fleetllm "
         "answers 400 naming it (JSON mode runs)",
     "user-guides/vllm-compatibility.md Transcriptions, Vision language models":
-        "audio (not claimed) and images (issue 35's branch)",
+        "audio (not claimed); images through a hub VLM (no network here; image parts served: "
+        "tests/e2e/test_serve_images_adapters.py)",
 }
 
 

@@ -55,12 +55,19 @@ def test_processor_takes_rays_names():
     ({"task_type": "classify"}, "task_type='classify'"),
     ({"should_continue_on_error": False}, "should_continue_on_error=False"),
     ({"max_concurrent_batches": 2, "batches_in_flight": 2}, "give max_concurrent_batches .* or batches_in_flight"),
-    ({"prepare_image_stage": True}, "prepare_image_stage"),
+    ({"dynamic_lora_loading_path": "s3://b/loras"}, "dynamic_lora_loading_path .* lora_adapters"),
     ({"placement_group_config": {"bundles": [{"GPU": 1}, {"GPU": 1}]}}, "placement_group_config"),
 ])
 def test_what_fleetllm_does_not_do_is_refused_by_name(given, named):
     with pytest.raises(SpecError, match=named):
         TransformersEngineProcessorConfig(model_source=MODEL, **given)
+
+
+def test_rays_image_stage_is_accepted_enabled_or_not():
+    # fleetllm's image stage runs for a model that reads images (docs/images-and-adapters.md), whatever the flag
+    for stage in ("prepare_image_stage", "prepare_multimodal_stage"):
+        assert TransformersEngineProcessorConfig(model_source=MODEL, **{stage: True}).has_image
+        assert not TransformersEngineProcessorConfig(model_source=MODEL, **{stage: {"enabled": False}}).has_image
 
 
 def test_build_processor_takes_rays_arguments():

@@ -51,7 +51,9 @@ def make_api(backends: dict[str, Backend], api_key: str | None = None, metrics: 
     app.state.admissions = admissions
 
     def admission(model: str) -> BatchAdmission:
-        return admissions.setdefault(model, BatchAdmission())
+        """The window of the engine that answers `model`: an adapter id shares its base model's."""
+        base = adapters[model][0] if model in adapters else model
+        return admissions.setdefault(base, BatchAdmission())
 
     def error_response(exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

@@ -144,9 +144,9 @@ class Processor:
             ds = ds.map(lambda row: {**row, **pre(row)}, **self.preprocess_map_kwargs)
         if self.config.task_type == "embed":
             ds = ds.map(ray_names.with_embed_text)
-        if self.config.lora_adapters:  # a row's `model` naming an adapter picks it
-            names = set(self.config.lora_adapters)
-            ds = ds.map(lambda row: {**row, "_adapter": row.get("model") if row.get("model") in names else None})
+        if self.config.lora_adapters:  # a row's `model` naming an adapter picks it; the base model's name or none
+            pick = _AdapterPick(tuple(self.config.lora_adapters), (self.config.model_source, self.model_path))
+            ds = ds.map(pick)
         ds = self.pool().apply(ds, tokenize_batch_size=TOKENIZE_BATCH_ROWS)
         post, config = self.postprocess, self.config
 
@@ -157,6 +157,28 @@ class Processor:
             return post(row)
 
         return ds.map(finish, **self.postprocess_map_kwargs)
+
+
+class _AdapterPick:
+    """A row's adapter from its `model` column (Ray Data LLM's convention): an adapter's name picks it; empty,
+    absent or the base model's name (its source or path) is the base model; any other name is that row's error
+    (a typo must not silently run on the base model)."""
+
+    def __init__(self, adapters: tuple[str, ...], base_names: tuple[str, ...]) -> None:
+        self.adapters, self.base_names = adapters, tuple(n for n in base_names if n)
+
+    def __call__(self, row: Row) -> Row:
+        name = row.get("model")
+        row = {**row, "_adapter": None, "error": row.get("error")}
+        if name is None or (isinstance(name, str) and not name.strip()) or name in self.base_names:
+            return row
+        if name in self.adapters:
+            row["_adapter"] = name
+        elif not row["error"]:
+            row["error"] = (f"column 'model' names LoRA adapter {name!r}, which is not in lora_adapters "
+                            f"{sorted(self.adapters)} nor the base model {self.base_names[0]!r}; fix the value or add "
+                            "the adapter (empty means the base model)")
+        return row
 
 
 def _fitting_plan(c: _ProcessorConfig):

@@ -59,8 +59,13 @@ def test_processor_rows_with_image_parts_and_adapters(ray_local, tiny_model, tmp
     config = TransformersEngineProcessorConfig(model_source=tiny_model, concurrency=1, batch_size=8,
                                                lora_adapters=adapters)
     items = [{"k": f"{m}-{n}", "model": m} for m in ("a0", "a1", None) for n in range(2)]
-    out = {r["k"]: r["generated_text"] for r in build_processor(config, preprocess=lambda row: dict(
+    items += [{"k": "base-by-name", "model": tiny_model}, {"k": "typo", "model": "a9"}]
+    rows = {r["k"]: r for r in build_processor(config, preprocess=lambda row: dict(
         messages=[{"role": "user", "content": "Name a colour."}], sampling_params=dict(temperature=0.0, max_tokens=6)),
     )(ray.data.from_items(items)).take_all()}
+    out = {k: r["generated_text"] for k, r in rows.items()}
     assert all(out[f"{m}-0"] == out[f"{m}-1"] for m in ("a0", "a1", None))  # each row on its own adapter
     assert len({out["a0-0"], out["a1-0"], out["None-0"]}) == 3
+    assert out["base-by-name"] == out["None-0"] and rows["base-by-name"]["error"] is None  # the base model's name
+    assert "'a9'" in rows["typo"]["error"] and "lora_adapters" in rows["typo"]["error"]  # an unknown adapter: its error
+    assert rows["typo"]["generated_text"] is None and all(r["error"] is None for k, r in rows.items() if k != "typo")

@@ -25,7 +25,7 @@ class EmbedPreprocessor(TemplatePreprocessor):
     """Give each row `_embed_text` (template, else its `text`/`prompt` column) or an `error`."""
 
     def __init__(self, template: str | None, id_column: str | None = None) -> None:
-        super().__init__(None, template, {}, id_column)
+        super().__init__(None, template, id_column)
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         row = dict(row)

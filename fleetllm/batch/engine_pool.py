@@ -42,6 +42,8 @@ class EnginePool:
     rows_in_flight: int | None = None  # rows one replica holds at once (sizes vLLM; not fingerprinted)
     images: dict[str, Any] | None = None  # image limits (fleetllm.engines.images.ImageLimits) of a generate job
     ray_remote_args: dict[str, Any] = field(default_factory=dict)  # runtime_env, accelerator_type (Ray Data LLM's)
+    # the job's sampling (SamplingSpec.request_params), parsed once: rows without their own run with it
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -79,9 +81,12 @@ class EnginePool:
 
     def stage_kwargs(self) -> dict[str, Any]:
         """The EngineStage's constructor arguments (one replica)."""
-        return dict(engine_name=self.engine, model_path=self.model_path, engine_kwargs=self.engine_kwargs,
-                    chat_template_kwargs=self.chat_template_kwargs, max_retries=self.max_retries,
-                    rows_in_flight=self.rows_in_flight)
+        kwargs = dict(engine_name=self.engine, model_path=self.model_path, engine_kwargs=self.engine_kwargs,
+                      chat_template_kwargs=self.chat_template_kwargs, max_retries=self.max_retries,
+                      rows_in_flight=self.rows_in_flight)
+        if self.task != "embed":
+            kwargs["sampling"] = dict(self.sampling)
+        return kwargs
 
     def map_batches_kwargs(self) -> dict[str, Any]:
         import ray

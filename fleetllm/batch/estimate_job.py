@@ -153,7 +153,7 @@ def job_shape(plan) -> JobShape:
         lengths = tuple(seen["lengths"])
         lengths_how = f"lengths seen in this job's {seen['source']} ({len(lengths)} completions)"
     else:
-        lengths, lengths_how = row_limits(rows)
+        lengths, lengths_how = row_limits(rows, plan.request_sampling())
     label = (("counted" if how == "tokenized" else "estimated") if counted
              else f"estimated from a sample of {len(rows)} rows")
     return JobShape(
@@ -164,12 +164,14 @@ def job_shape(plan) -> JobShape:
                         or plan.spec.sampling.as_params().get("structured_outputs")))
 
 
-def row_limits(rows: list[dict]) -> tuple[tuple[int, ...], str | None]:
-    """Rows that run to their own max_tokens (sampling_params with ignore_eos): those are their lengths."""
+def row_limits(rows: list[dict], default: dict | None = None) -> tuple[tuple[int, ...], str | None]:
+    """Rows that run to their max_tokens (their own sampling_params, else the job's `default`, with ignore_eos):
+    those are their lengths."""
+    from fleetllm.batch.stages import row_sampling
+
     limits = []
     for row in rows:
-        sp = row.get("sampling_params")
-        sp = json.loads(sp) if isinstance(sp, str) else sp
+        sp = row_sampling(row, default)
         if not (isinstance(sp, dict) and sp.get("ignore_eos") and sp.get("max_tokens")):
             return (), None
         limits.append(int(sp["max_tokens"]))

@@ -39,6 +39,7 @@ class RunEstimate:
     def __init__(self, plan, t0: float, shape=None) -> None:
         self.plan, self.t0, self.shape = plan, t0, shape
         self.key = profile_key(plan)
+        self.default_n = int(plan.request_sampling().get("n") or 1)  # rows without their own sampling run with it
         profile = store.load_profile(self.key)
         self.rates = profile.rates() if profile is not None and profile.calls else None
         self.at_start: dict[str, Any] | None = None
@@ -64,9 +65,9 @@ class RunEstimate:
         readies = [r["_ready"] for r in rows if r.get("_ready")]
         if readies:
             self.ready = min([self.ready or readies[0], *readies])
-        self.lengths += output_lengths(rows)
+        self.lengths += output_lengths(rows, self.default_n)
         if self.ready is not None and time.time() - self.ready <= OBSERVE_S:
-            self.calls.extend(group_calls(rows))
+            self.calls.extend(group_calls(rows, self.default_n))
 
     def eta(self, rows_done: int, output_tokens_done: int) -> float | None:
         """Seconds left, from the model (progress.JobProgress calls it after each commit)."""

@@ -62,8 +62,9 @@ def call_table(plan, rows: list[dict], cap: int | None):
     from fleetllm.batch.job_plan import engine_pool
     from fleetllm.batch.stages import table_from_rows
 
-    if cap is not None:
-        rows = [{**r, "sampling_params": json.dumps({**sampling_of(r, plan), "max_tokens": cap})} for r in rows]
+    # each row's sampling spelled out (its own or the job's): the returned rows tell their `n`
+    rows = [{**r, "sampling_params": json.dumps({**sampling_of(r, plan), **({"max_tokens": cap} if cap else {})})}
+            for r in rows]
     table = table_from_rows(rows)
     pool = engine_pool(plan)
     if pool.images is not None:  # a VLM's rows: their images fetched as the job's image stage does
@@ -84,10 +85,10 @@ def call_table(plan, rows: list[dict], cap: int | None):
 SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
 
 
-def shaped(row: dict, min_chars: int, out: int) -> dict:
+def shaped(row: dict, min_chars: int, out: int, plan) -> dict:
     """The row with its prompt repeated to at least `min_chars` characters and exactly `out` tokens out."""
     row = dict(row)
-    row["sampling_params"] = json.dumps({**row_sampling(row), "max_tokens": out, "min_tokens": out})
+    row["sampling_params"] = json.dumps({**sampling_of(row, plan), "max_tokens": out, "min_tokens": out})
     if row.get("_messages"):
         messages = json.loads(row["_messages"])
         text = str(messages[-1].get("content") or "x")
@@ -98,14 +99,11 @@ def shaped(row: dict, min_chars: int, out: int) -> dict:
     return row
 
 
-def row_sampling(row: dict) -> dict:
-    """A row's sampling_params as a dict (the preprocessor's JSON text, or a dict)."""
-    sp = row.get("sampling_params")
-    return json.loads(sp) if isinstance(sp, str) else dict(sp or {})
-
-
 def sampling_of(row: dict, plan) -> dict:
-    sp = row_sampling(row)
+    """The sampling a row runs with (its own, else the job's), max_tokens always set."""
+    from fleetllm.batch.stages import row_sampling
+
+    sp = row_sampling(row, plan.request_sampling())
     sp.setdefault("max_tokens", plan.spec.sampling.max_tokens)
     return sp
 
@@ -151,7 +149,7 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
         cap_rows = max(sizes)
         for share, chars, tokens in SHAPE_CALLS:
             n = max(1, round(share * cap_rows))
-            rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens) for i in range(n)]
+            rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan) for i in range(n)]
             out = stage(call_table(plan, rows_of_shape, None)).to_pylist()
             calls += [call_from_rows(c, kind) for c in group_calls(out)]
     finally:

@@ -72,6 +72,11 @@ class JobPlan:
     def resources(self) -> dict[str, float]:
         return {"CPU": self.replica_plan.cpus_per_replica, "GPU": self.replica_plan.gpus_per_replica}
 
+    def request_sampling(self) -> dict[str, Any]:
+        """The job's sampling as the engine stage takes it (rows without their own `sampling_params` run with
+        it); {} for an embed job."""
+        return self.spec.sampling.request_params(self.engine) if self.task == "generate" else {}
+
     @property
     def reads_images(self) -> bool:
         """Whether the model takes images: else image parts are refused as text-only, and none is fetched."""
@@ -297,7 +302,7 @@ def grouping_readers(spec: JobSpec) -> tuple[Callable, Callable]:
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
         return read, OpenAIBatchPreprocessor({})  # generate lines: embed jobs are never grouped
-    return read, TemplatePreprocessor(spec.prompt.system, spec.prompt.template, {}, spec.input.id_column)
+    return read, TemplatePreprocessor(spec.prompt.system, spec.prompt.template, spec.input.id_column)
 
 
 def grouped_shards(spec: JobSpec, shards: list[Shard], grouping, prompt_parts: dict) -> list[Shard]:
@@ -354,5 +359,5 @@ def engine_pool(plan: JobPlan) -> EnginePool:
                       replica_plan=plan.replica_plan, batch_size=plan.rows_per_call,
                       in_flight=plan.in_flight, chat_template_kwargs=spec.model.chat_template_kwargs,
                       max_retries=spec.compute.max_retries, task=plan.task,
-                      rows_in_flight=max(1, rows_in_flight),
+                      rows_in_flight=max(1, rows_in_flight), sampling=plan.request_sampling(),
                       images=spec.prompt.images.limits(local_files=True).as_dict() if plan.reads_images else None)

@@ -304,16 +304,15 @@ def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None 
     """The job's row preprocessor. `reads_images`: the local model reads images (JobPlan.reads_images), so the
     image parts of OpenAI Batch lines go to the image stage; on engine openai they go to the endpoint as they
     are (it fetches them, or refuses them as a 400 that is the row's error)."""
-    sampling = spec.sampling.request_params(engine)
-    if spec.input.format == "openai_batch":
+    if spec.input.format == "openai_batch":  # the job's sampling: every line's defaults, its body overrides them
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
-        return OpenAIBatchPreprocessor(sampling, task, tuple(spec.model.lora_adapters),
+        return OpenAIBatchPreprocessor(spec.sampling.request_params(engine), task, tuple(spec.model.lora_adapters),
                                        reads_images or engine == "openai")
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 
         return EmbedPreprocessor(spec.prompt.template, spec.input.id_column)
-    return TemplatePreprocessor(spec.prompt.system, spec.prompt.template, sampling,
+    return TemplatePreprocessor(spec.prompt.system, spec.prompt.template,
                                 spec.input.id_column, spec.prompt.image_column, spec.model.adapter_column,
                                 tuple(spec.model.lora_adapters))

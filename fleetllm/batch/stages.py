@@ -1,7 +1,9 @@
 """Pipeline stages: rows -> requests (preprocess), requests -> results (the engine stage).
 
 Stage inputs: a row carries either `messages` (a list of {role, content}) or `prompt` (text), and
-optionally `sampling_params` (a dict). The job's preprocessor hands the engine stage `_messages`, the
+optionally `sampling_params` (a dict: that row's own sampling, which replaces the job's; the job's own
+`sampling` is parsed once and handed to the engine stage at construction, never stamped on rows). The job's
+preprocessor hands the engine stage `_messages`, the
 messages as JSON text, so the column has one Arrow type whatever the rows hold (content text in one
 row, content parts in another); the input's own `messages` column is left as it was read. A row whose
 preparation failed carries `error` and skips the engine; it is still written, so no row is ever dropped.
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from fleetllm.engines.base import GenerationRequest, GenerationResult
 from fleetllm.errors import EndpointError, FleetError
@@ -31,14 +34,14 @@ WRITTEN_COLUMNS = (*OUTPUT_TYPES, "completions", "logprobs")
 
 
 class TemplatePreprocessor:
-    """Build `messages` and `sampling_params` for a row from the job's prompt spec."""
+    """Build `messages` for a row from the job's prompt spec (a row's own `sampling_params`, when it has one,
+    kept as JSON text: one Arrow type whatever the rows hold)."""
 
-    def __init__(self, system: str | None, template: str | None, sampling: dict[str, Any],
+    def __init__(self, system: str | None, template: str | None,
                  id_column: str | None = None, image_column: str | None = None,
                  adapter_column: str | None = None, adapters: tuple[str, ...] = ()) -> None:
         self.system = system
         self.template = template
-        self.sampling_json = json.dumps(sampling)
         self.id_column = id_column
         self.image_column = image_column
         self.adapter_column = adapter_column
@@ -48,9 +51,9 @@ class TemplatePreprocessor:
         row = dict(row)
         row["row_id"] = self._row_id(row)
         row["error"] = row.pop("_input_error", None)
-        sampling = row.get("sampling_params")  # a row's own sampling (JSON text or a dict), else the job's
-        row["sampling_params"] = self.sampling_json if sampling is None else (
-            sampling if isinstance(sampling, str) else json.dumps(sampling, default=str))
+        sampling = row.get("sampling_params")  # a row's own sampling (JSON text or a dict); else the stage's
+        if sampling is not None and not isinstance(sampling, str):
+            row["sampling_params"] = json.dumps(sampling, default=str)
         if row["error"] is not None:
             return row
         try:
@@ -184,10 +187,19 @@ class _StrictRow(dict):
         return value
 
 
-def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] | None = None) -> GenerationRequest:
-    sampling = row.get("sampling_params") or {}
-    if isinstance(sampling, str):
-        sampling = json.loads(sampling)
+def row_sampling(row: dict[str, Any], default: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The sampling a row runs with: its own `sampling_params` (a dict, or JSON text as the table carries it)
+    when it has one, else the job's (`default`, handed to the engine stage at construction)."""
+    own = row.get("sampling_params")
+    if own is None:
+        return dict(default or {})
+    return json.loads(own) if isinstance(own, str) else dict(own)
+
+
+def request_from_row(row: dict[str, Any], chat_template_kwargs: dict[str, Any] | None = None,
+                     sampling: Mapping[str, Any] | None = None) -> GenerationRequest:
+    """The engine request of a prepared row; `sampling`: the job's, for rows without their own."""
+    sampling = row_sampling(row, sampling)
     messages = row.get("_messages")  # the job's preprocessor: JSON text; a user's preprocess: `messages`
     messages = json.loads(messages) if isinstance(messages, str) else row.get("messages")
     prompt = row.get("prompt") if messages is None else None
@@ -296,9 +308,11 @@ class EngineStage:
 
     def __init__(self, engine_name: str, model_path: str, engine_kwargs: dict[str, Any],
                  chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2,
-                 node_id: str | None = None, rows_in_flight: int | None = None) -> None:
+                 node_id: str | None = None, rows_in_flight: int | None = None,
+                 sampling: Mapping[str, Any] | None = None) -> None:
         from fleetllm.engines import create_engine
 
+        self.sampling = MappingProxyType(dict(sampling or {}))  # the job's, for rows without their own
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_retries = max_retries
         self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
@@ -320,7 +334,7 @@ class EngineStage:
             if row.get("error"):
                 continue
             try:
-                requests.append(request_from_row(row, self.chat_template_kwargs))
+                requests.append(request_from_row(row, self.chat_template_kwargs, self.sampling))
                 todo.append(i)
             except (FleetError, ValueError, TypeError) as exc:
                 row["error"] = f"invalid row: {exc}"

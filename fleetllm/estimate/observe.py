@@ -68,9 +68,12 @@ def window_from_calls(calls: Sequence[CallRows]) -> Call | None:
     return Call(len(calls), prefill, steps, sum(outs), ctx, window)
 
 
-def row_n(row: dict) -> int:
-    """Completions of a row (`n` of its sampling_params: a dict, or JSON text as the table carries it)."""
-    sampling = row.get("sampling_params") or {}
+def row_n(row: dict, default_n: int = 1) -> int:
+    """Completions of a row (`n` of its own sampling_params: a dict, or JSON text as the table carries it;
+    `default_n`, the job's, for a row without its own)."""
+    sampling = row.get("sampling_params")
+    if sampling is None:
+        return default_n
     if isinstance(sampling, str):
         try:
             sampling = json.loads(sampling)
@@ -79,12 +82,12 @@ def row_n(row: dict) -> int:
     return int(sampling.get("n") or 1) if isinstance(sampling, dict) else 1
 
 
-def output_lengths(rows: Sequence[dict]) -> list[int]:
+def output_lengths(rows: Sequence[dict], default_n: int = 1) -> list[int]:
     """Output tokens per completion of the rows without an error."""
-    return [round((r.get("num_generated_tokens") or 0) / row_n(r)) for r in rows if not r.get("error")]
+    return [round((r.get("num_generated_tokens") or 0) / row_n(r, default_n)) for r in rows if not r.get("error")]
 
 
-def group_calls(rows: Sequence[dict]) -> list[CallRows]:
+def group_calls(rows: Sequence[dict], default_n: int = 1) -> list[CallRows]:
     """Rows returned by the engine stage (columns `_replica`, `_started`, `_finished`,
     `num_input_tokens`, `num_generated_tokens`, `_cached_tokens`, `n`) grouped into their calls;
     rows with an error are left out (they did no decoding)."""
@@ -95,5 +98,5 @@ def group_calls(rows: Sequence[dict]) -> list[CallRows]:
         key = (row.get("_replica"), row["_started"], row["_finished"])
         groups.setdefault(key, []).append(RowTokens(int(row.get("num_input_tokens") or 0),
                                                     int(row.get("_cached_tokens") or 0),
-                                                    int(row.get("num_generated_tokens") or 0), row_n(row)))
+                                                    int(row.get("num_generated_tokens") or 0), row_n(row, default_n)))
     return [CallRows(k[1], k[2], tuple(v), k[0]) for k, v in sorted(groups.items(), key=lambda kv: kv[0][1])]

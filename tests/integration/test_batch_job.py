@@ -119,26 +119,33 @@ def _engine_pids() -> list[int]:
             if any("MapBatches(EngineStage)" in part for part in (p.info["cmdline"] or []))]
 
 
-def test_killed_engine_replica_is_restarted_exactly_once(ray_local, tiny_model, tmp_path):
+def test_killed_engine_replica_is_restarted_exactly_once(ray_local, tiny_model, tmp_path, monkeypatch):
     import os
     import signal
 
-    rows = [{"id": f"k{i}", "q": f"Tell me about number {i}."} for i in range(40)]
+    monkeypatch.setenv("FLEETLLM_USE_RAY", "1")  # replicas as Ray actors, even if an earlier test shut Ray down
+
+    rows = [{"id": f"k{i}", "q": f"Tell me about number {i}."} for i in range(60)]
     spec = make_spec(tiny_model, tmp_path, rows=rows, sampling={"max_tokens": 48, "extra": {"min_tokens": 48}},
                      compute={"batch_size": 2})
     result = {}
     runner = threading.Thread(target=lambda: result.update(run_job(spec)))
     runner.start()
     commits = tmp_path / "out" / "_fleetllm" / "commits"
-    killed = None
+    killed, seen = None, {"commit": False, "replica": False}
     deadline = time.time() + 300
     while time.time() < deadline and runner.is_alive() and killed is None:
-        if commits.exists() and any(p.suffix == ".json" for p in commits.iterdir()) and _engine_pids():
-            killed = _engine_pids()[0]
+        seen["commit"] = seen["commit"] or (commits.exists() and any(p.suffix == ".json" for p in commits.iterdir()))
+        pids = _engine_pids()
+        seen["replica"] = seen["replica"] or bool(pids)
+        if seen["commit"] and pids:
+            killed = pids[0]
             os.kill(killed, signal.SIGKILL)
-        time.sleep(0.2)
+        time.sleep(0.1)
     runner.join(timeout=600)
-    assert killed is not None, "the job finished before a replica could be killed"
-    ids = [r["row_id"] for r in read_output(spec.output.path)]
-    assert sorted(ids) == sorted(f"k{i}" for i in range(40)) and len(ids) == len(set(ids))
-    assert result["rows"] == 40 and result["errors"] == 0
+    assert killed is not None, f"the job finished before a replica could be killed (seen: {seen}, {result})"
+    out = read_output(spec.output.path)
+    ids = [r["row_id"] for r in out]
+    assert sorted(ids) == sorted(f"k{i}" for i in range(60)) and len(ids) == len(set(ids))
+    assert result["rows"] == 60 and result["errors"] == 0
+    assert all(r["num_generated_tokens"] == 48 for r in out)  # the job's sampling (min_tokens) reached the engine

@@ -39,7 +39,7 @@ def grouped(tmp_path, rows, shard_rows: int, mode: str = "on", out: str = "out")
         write_jsonl(tmp_path / "in.jsonl", rows)
     files = describe_files(str(tmp_path / "in.jsonl"), "jsonl", shard_rows)
     shards = plan_shards(files, shard_rows)
-    pre = TemplatePreprocessor(None, TEMPLATE, {})
+    pre = TemplatePreprocessor(None, TEMPLATE)
 
     def read(shard):
         return read_shard_rows(shard.to_dict(), "jsonl")
@@ -101,7 +101,7 @@ def test_a_second_plan_reuses_the_grouped_files(tmp_path):
 @pytest.mark.parametrize("questions, on", [(1, False), (4, True)])
 def test_auto_groups_only_when_the_sample_shows_shared_prefixes(tmp_path, questions, on):
     rows = docs_questions(docs=2048 // questions, questions=questions)
-    pre = TemplatePreprocessor(None, TEMPLATE, {})
+    pre = TemplatePreprocessor(None, TEMPLATE)
     texts = [prefix.prompt_text(pre({**r, "_line": k})) for k, r in enumerate(rows)]
     sample = texts[:512]  # the rows are shuffled: the first ones are a uniform sample
     decision = prefix.decide("auto", sample, len(rows))

@@ -12,28 +12,39 @@ def _row(**kw):
 
 
 def test_template_builds_messages_with_system():
-    pre = TemplatePreprocessor("Be brief.", "Q: {question}", {"max_tokens": 4}, id_column="id")
+    pre = TemplatePreprocessor("Be brief.", "Q: {question}", id_column="id")
     out = pre(_row(question="2+2?", id="r1"))
     assert json.loads(out["_messages"]) == [{"role": "system", "content": "Be brief."},
                                            {"role": "user", "content": "Q: 2+2?"}]
     assert out["row_id"] == "r1" and out["error"] is None
-    assert json.loads(out["sampling_params"]) == {"max_tokens": 4}
+    assert "sampling_params" not in out  # the job's sampling goes to the engine stage, not on every row
+
+
+def test_a_rows_own_sampling_replaces_the_jobs_and_rows_without_take_the_stages():
+    from fleetllm.batch.stages import request_from_row
+
+    pre = TemplatePreprocessor(None, "{q}")
+    own, plain = pre(_row(q="a", sampling_params={"max_tokens": 3})), pre(_row(q="b"))
+    assert json.loads(own["sampling_params"]) == {"max_tokens": 3}  # JSON text: one Arrow type
+    job = {"max_tokens": 9, "temperature": 0.5}
+    assert request_from_row(own, None, job).sampling == {"max_tokens": 3}
+    assert request_from_row(plain, None, job).sampling == job
 
 
 def test_missing_template_column_is_a_row_error_naming_columns():
-    out = TemplatePreprocessor(None, "{question}", {})(_row(text="hello", question=None))
+    out = TemplatePreprocessor(None, "{question}")(_row(text="hello", question=None))
     assert "needs column 'question'" in out["error"] and "['text']" in out["error"]
     assert out["row_id"] == "in.jsonl:3"
 
 
 def test_empty_prompt_is_a_row_error():
-    assert "empty" in TemplatePreprocessor(None, "{q}", {})(_row(q="   "))["error"]
-    assert "empty" in TemplatePreprocessor(None, None, {})(_row(prompt=""))["error"]
+    assert "empty" in TemplatePreprocessor(None, "{q}")(_row(q="   "))["error"]
+    assert "empty" in TemplatePreprocessor(None, None)(_row(prompt=""))["error"]
 
 
 def test_rows_with_their_own_messages():
     msgs = [{"role": "user", "content": "hi"}]
-    out = TemplatePreprocessor("sys", None, {})(_row(messages=msgs))
+    out = TemplatePreprocessor("sys", None)(_row(messages=msgs))
     sent = json.loads(out["_messages"])  # what the engine gets; the input column stays as it was read
     assert sent[0] == {"role": "system", "content": "sys"} and sent[1] == msgs[0] and out["messages"] == msgs
 

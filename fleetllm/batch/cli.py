@@ -45,9 +45,10 @@ def execute_job(spec, args) -> int:
     from rich.console import Console
 
     from fleetllm.batch.runner import run_job
+    from fleetllm.engines.capabilities import declared
 
     console = Console(stderr=True)
-    if spec.model.engine == "openai":
+    if declared(spec.model.engine).is_endpoint:
         from fleetllm.query.window import window_warnings
 
         for line in window_warnings(spec):

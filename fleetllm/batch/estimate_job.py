@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from fleetllm.engines.capabilities import capabilities
 from fleetllm.estimate import store
 from fleetllm.estimate.deadline import choose_replicas, seconds_until
 from fleetllm.estimate.estimate import (
@@ -30,7 +31,7 @@ BLOCK = 16  # vLLM's prefix cache block: only whole blocks are reused
 
 
 def batching(engine: str) -> str:
-    return STATIC if engine == "transformers" else CONTINUOUS
+    return CONTINUOUS if capabilities(engine).continuous_batching else STATIC
 
 
 def profile_key(plan) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def profile_key(plan) -> dict[str, Any]:
     return {"model": plan.spec.model.source, "engine": plan.engine, "engine_version": engine_version(plan.engine),
             "accelerator": store.accelerator(rp.gpus_per_replica, rp.cpus_per_replica),
             "parallelism": f"tp{kw.get('tensor_parallel_size', 1)}pp{kw.get('pipeline_parallel_size', 1)}"
-                           f"x{parallel_size(kw) if plan.engine == 'vllm' else 1}"}
+                           f"x{parallel_size(kw) if capabilities(plan.engine).shards_over_gpus else 1}"}
 
 
 def job_key(plan) -> str:
@@ -56,10 +57,8 @@ def job_key(plan) -> str:
 
 
 def layout(plan, replicas: int | None = None) -> Layout:
-    from fleetllm.engines.vllm_defaults import FALLBACK_MAX_NUM_SEQS
-
     rp = plan.replica_plan
-    seqs = plan.engine_kwargs.get("max_num_seqs") or (FALLBACK_MAX_NUM_SEQS if plan.engine == "vllm" else None)
+    seqs = plan.engine_kwargs.get("max_num_seqs") or capabilities(plan.engine).default_max_num_seqs
     kind = batching(plan.engine)
     per_call = min(plan.rows_per_call, plan.spec.output.shard_rows)  # a call never spans two shards
     return Layout(replicas or plan.replicas, rp.gpus_per_replica, rp.cpus_per_replica, per_call,
@@ -87,7 +86,7 @@ def token_ids(plan, rows: list[dict]) -> tuple[list[list[int] | None], str]:
 
     kwargs = plan.spec.model.chat_template_kwargs or {}
     tok = None
-    if plan.engine != "openai" and os.path.isdir(plan.model.path):
+    if not capabilities(plan.engine).is_endpoint and os.path.isdir(plan.model.path):
         from fleetllm.batch.tokenize_stage import load_tokenizer, tokenizer_source
 
         source = tokenizer_source(plan.model.path, plan.engine_kwargs)
@@ -143,7 +142,7 @@ def job_shape(plan) -> JobShape:
     scale = total / len(rows) if rows else 0.0
     counted = len(rows) == total
     prompt = round(sum(len(x) for x in built) * scale)
-    cache_on = plan.engine == "vllm" and plan.engine_kwargs.get("enable_prefix_caching", True)
+    cache_on = capabilities(plan.engine).prefix_caching and plan.engine_kwargs.get("enable_prefix_caching", True)
     cached = round(cached_tokens(built) * scale) if cache_on else 0
     limit = max_model_len(plan)
     past = round(sum(1 for x in built if limit and len(x) >= limit) * scale)
@@ -185,7 +184,8 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
     profile = store.load_profile(key) if plan.task == "generate" else None
     if profile is None or not profile.calls:
         out = estimate(shape, layout(plan), None)
-        out["no_profile"] = {"profile_key": key, "probe": probe_cost(shape)} if plan.engine != "openai" else {
+        endpoint = capabilities(plan.engine).is_endpoint
+        out["no_profile"] = {"profile_key": key, "probe": probe_cost(shape)} if not endpoint else {
             "profile_key": key, "measured_by": "the first run of a job against this endpoint's model (its calls' "
                                               "measured rate); the next estimate uses it"}
         return out

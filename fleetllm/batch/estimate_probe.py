@@ -23,6 +23,7 @@ from fleetllm.batch.estimate_job import (
     layout,
     profile_key,
 )
+from fleetllm.engines.capabilities import capabilities
 from fleetllm.errors import PlanError
 from fleetllm.estimate import store
 from fleetllm.estimate.estimate import PROBE_ROWS
@@ -119,7 +120,8 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
         from fleetllm.adapters import resolve_all
 
         plan.engine_kwargs["lora_adapters"] = resolve_all(spec.model.lora_adapters)
-    if plan.task != "generate" or plan.engine == "openai":
+    can = capabilities(plan.engine)
+    if plan.task != "generate" or can.is_endpoint:
         raise PlanError(f"fleetllm calibrate measures a local engine generating text; this job is "
                         f"{'an embed job' if plan.task != 'generate' else 'against an endpoint (engine openai)'}: "
                         "its rate is measured while it runs")
@@ -130,7 +132,7 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     kind = batching(plan.engine)
     sizes = call_sizes(len(picked), max(1, layout(plan).concurrency))
     pool = engine_pool(plan)
-    if plan.engine == "vllm":  # as a local run: a plain process may fork vLLM's engine core
+    if can.forks_engine_core:  # as a local run: a plain process may fork vLLM's engine core
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     t_start = time.time()
     stage = pool.stage_class()(**pool.stage_kwargs(), node_id="probe")  # configured as the job's replicas

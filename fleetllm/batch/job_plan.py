@@ -22,6 +22,7 @@ from fleetllm.batch.input_names import kept_name, renamed_hint
 from fleetllm.batch.plan import Shard, plan_shards
 from fleetllm.batch.stages import WRITTEN_COLUMNS
 from fleetllm.batch.tokenize_stage import tokenizes_ahead
+from fleetllm.engines.capabilities import capabilities
 from fleetllm.errors import InputError, PlanError
 from fleetllm.sizing import ReplicaPlan, batches_in_flight
 from fleetllm.spec import JobSpec, template_fields
@@ -82,7 +83,7 @@ class JobPlan:
         """Whether the model takes images: else image parts are refused as text-only, and none is fetched."""
         from fleetllm.engines.images import config_reads_images
 
-        return self.engine != "openai" and config_reads_images(self.model.path)
+        return not capabilities(self.engine).is_endpoint and config_reads_images(self.model.path)
 
     @property
     def total_rows(self) -> int:
@@ -97,7 +98,7 @@ class JobPlan:
         """Where rows are templated and tokenized (fleetllm.batch.tokenize_stage)."""
         if self.task == "generate" and tokenizes_ahead(self.engine, self.model.path, self.engine_kwargs):
             return "chat template + tokenization in preprocess tasks; replicas get token ids"
-        if self.engine == "openai":
+        if capabilities(self.engine).is_endpoint:
             return "messages sent as they are; the endpoint applies its chat template"
         return "chat template + tokenization in the replicas"
 
@@ -183,7 +184,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
     engine, reason = replica_plan.engine, replica_plan.description[0]
     check_sampling_spec(spec, engine)
-    if engine == "openai":  # a model behind an endpoint: nothing to look up or pull
+    if capabilities(engine).is_endpoint:  # a model behind an endpoint: nothing to look up or pull
         model = models.served(spec.model.source)
     elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
         model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
@@ -328,7 +329,7 @@ def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:
         if "task" in spec.model_fields_set and spec.task != task:
             raise PlanError(f"task is {spec.task} but the OpenAI Batch lines' url says {task} "
                             "(/v1/embeddings lines embed); remove `task` from the spec, the lines decide")
-    if engine == "openai":
+    if capabilities(engine).is_endpoint:
         return task, None
     if task == "generate" and models.model_task(model) == "embed":
         raise PlanError(f"model {spec.model.source!r} is an embedding model: it cannot generate text. Set "

@@ -109,9 +109,11 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     from fleetllm.batch.job_plan import engine_pool
     from fleetllm.batch.stages import table_from_rows
     from fleetllm.batch.stream import read_shard_rows
+    from fleetllm.engines.capabilities import capabilities
 
     pool = engine_pool(plan)
-    if plan.engine == "vllm":  # a plain process may fork vLLM's engine core (no second import of vLLM)
+    forks_core = capabilities(plan.engine).forks_engine_core
+    if forks_core:  # a plain process may fork vLLM's engine core (no second import of vLLM)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     tokenize = pool.tokenize_stage_kwargs()
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0, "engine_start": time.time()}
@@ -120,7 +122,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
     prepare = threading.Lock()
     prepared = threading.Event()
-    if plan.engine != "vllm" and tokenize is None:  # nothing to wait for
+    if not forks_core and tokenize is None:  # nothing to wait for
         prepared.set()
 
     def wait_for_engine_core() -> None:

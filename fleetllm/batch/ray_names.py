@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetllm.engines.capabilities import declared
 from fleetllm.errors import SpecError
 
 log = logging.getLogger("fleetllm.batch")
@@ -145,7 +146,7 @@ def check(config: Any) -> None:
                         "task_type='generate' or 'embed'")
     bundles = (config.placement_group_config or {}).get("bundles") or []
     gpus = sum(float(b.get("GPU", 0)) for b in bundles)
-    if gpus and config.engine != "vllm":
+    if gpus and not declared(config.engine).shards_over_gpus:
         raise SpecError(f"placement_group_config asks for {gpus:g} GPUs; the {config.engine} engine runs a replica "
                         "in one actor: set gpus_per_replica instead")
 

@@ -35,6 +35,7 @@ from fleetllm.batch.run_series import RunSeries
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
 from fleetllm.batch.writers import shard_writer
+from fleetllm.engines.capabilities import capabilities, declared
 from fleetllm.errors import EndpointError, PlanError
 from fleetllm.estimate.describe import describe as describe_estimate
 from fleetllm.spec import JobSpec
@@ -185,7 +186,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         progress.advance(entry.rows, entry.output_tokens, entry.errors, entry.input_tokens, entry.cached_tokens)
         last_commit = time.time()
 
-    listen = progress.waiting if plan.engine == "openai" else None  # an engine in this process says its waits
+    # an engine in this process says its waits
+    listen = progress.waiting if capabilities(plan.engine).is_endpoint else None
     if listen is not None:
         from fleetllm.engines.openai.client import wait_listeners
 
@@ -279,7 +281,7 @@ def preflight(spec: JobSpec) -> None:
         except OSError as exc:
             raise PlanError(f"output.path {spec.output.path!r} cannot be written ({exc.strerror or exc}: "
                             f"{exc.filename or root}); choose a folder you can create and write to") from None
-    if spec.model.engine == "openai":
+    if declared(spec.model.engine).is_endpoint:
         from fleetllm.engines.openai.engine import check_endpoint
 
         check_endpoint(spec.model.source, spec.model.engine_kwargs)
@@ -308,7 +310,7 @@ def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None 
         from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
 
         return OpenAIBatchPreprocessor(spec.sampling.request_params(engine), task, tuple(spec.model.lora_adapters),
-                                       reads_images or engine == "openai")
+                                       reads_images or declared(engine).is_endpoint)
     if task == "embed":
         from fleetllm.batch.embed_stage import EmbedPreprocessor
 

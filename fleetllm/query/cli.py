@@ -24,6 +24,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def load_query_spec(path: str):
     """The JobSpec of `path`, with model.engine openai unless the file sets another (refused)."""
+    from fleetllm.engines.capabilities import declared
     from fleetllm.errors import SpecError
     from fleetllm.spec import JobSpec, load_yaml, parse_spec
 
@@ -34,7 +35,7 @@ def load_query_spec(path: str):
     if not isinstance(model, dict):
         raise SpecError(f"{path}: model must be a mapping (source, engine, engine_kwargs...); got {model!r}")
     engine = model.setdefault("engine", "openai")
-    if engine != "openai":
+    if not declared(engine).is_endpoint:
         raise SpecError(f"{path} sets model.engine: {engine}; `fleetllm query` sends rows to an OpenAI-compatible "
                         f"endpoint (engine openai). Run this spec with `fleetllm run {path}`, or set "
                         "model.engine: openai and model.engine_kwargs.base_url")

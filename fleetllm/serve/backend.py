@@ -72,6 +72,7 @@ class ModelServer:
         if engine is None:
             from fleetllm import models
             from fleetllm.engines.base import create_engine
+            from fleetllm.engines.capabilities import capabilities
 
             resolved = models.resolve(config.model_loading_config.model_source)
             self.task = config.task if config.task != "auto" else models.model_task(resolved)
@@ -81,9 +82,10 @@ class ModelServer:
                 from fleetllm.adapters import resolve_all
 
                 kwargs["lora_adapters"] = resolve_all(config.lora_adapters)
-            if name == "transformers" and self.task == "generate":  # one engine batch holds what the replica admits
+            can = capabilities(name)
+            if not can.continuous_batching and self.task == "generate":  # a static batch holds what the replica admits
                 kwargs.setdefault("max_batch_size", config.deployment_options()["max_ongoing_requests"])
-            if name == "vllm" and self.task == "generate":  # interactive requests before Batch API rows
+            if can.priority_scheduling and self.task == "generate":  # interactive requests before Batch API rows
                 kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
                                    chat_template_kwargs=config.chat_template_kwargs)
@@ -101,9 +103,10 @@ class ModelServer:
         self.ongoing = 0
         self.replica_id = "local"  # the Ray Serve replica's id when deployed (sent as x-fleetllm-replica)
         # vLLM's serving metrics (fleetllm.serve.vllm_metrics): vLLM keeps its own; other engines get them here
+        from fleetllm.engines.capabilities import declared_by
         from fleetllm.serve.vllm_metrics import EngineMetrics
 
-        self.vllm_metrics = None if getattr(engine, "name", "") == "vllm" else EngineMetrics(self.model_id)
+        self.vllm_metrics = None if declared_by(engine).reports_engine_metrics else EngineMetrics(self.model_id)
 
     def metrics_snapshot(self) -> str:
         """This replica's `vllm:` metrics as Prometheus text (vLLM's own where the engine is vLLM)."""

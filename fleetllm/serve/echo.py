@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetllm.engines.capabilities import declared_by
 from fleetllm.engines.fields import FieldError
 
 
@@ -27,7 +28,7 @@ def echo_item(engine: Any, payload: dict[str, Any]) -> dict[str, Any]:
     text = payload.get("prompt") or engine.tokenizer.decode(ids)
     if top is None:
         return {"prompt_text": text, "prompt_logprobs": None}
-    if getattr(engine, "name", "") == "transformers":
+    if declared_by(engine).exposes_torch_model:
         return {"prompt_text": text, "prompt_logprobs": _prompt_logprobs(engine, ids, int(top))}
     if hasattr(engine, "prompt_logprobs"):
         return {"prompt_text": text, "prompt_logprobs": engine.prompt_logprobs(ids, int(top))}

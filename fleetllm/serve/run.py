@@ -6,6 +6,7 @@ import os
 import socket
 from typing import Any
 
+from fleetllm.engines.capabilities import engine_label
 from fleetllm.errors import PlanError
 from fleetllm.serve.spec import ServeSpec, choose_ingress
 
@@ -38,8 +39,8 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
         auto = m.autoscaling
         scale = (f"autoscaling {auto.min_replicas}..{auto.max_replicas} replicas "
                  f"(target {auto.target_ongoing_requests:g} ongoing)") if auto else f"{m.replicas} replica(s)"
-        lines.append(f"  model {m.model_id!r}: source {m.source}, engine {cfg.resolved_engine()}"
-                     f"{' (auto)' if m.engine == 'auto' else ''}, task {m.task}, {scale}, "
+        lines.append(f"  model {m.model_id!r}: source {m.source}, engine "
+                     f"{engine_label(m.engine, cfg.resolved_engine())}, task {m.task}, {scale}, "
                      f"{m.max_ongoing_requests} ongoing + "
                      f"{m.max_queued_requests} queued per replica, {m.cpus_per_replica:g} CPU / "
                      f"{m.gpus_per_replica:g} GPU per replica"

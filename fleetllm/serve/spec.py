@@ -339,10 +339,13 @@ class LLMConfig(ServedEngineSpec):
         return float(self.deployment_config.get("ray_actor_options", {}).get("num_gpus") or 0)
 
     def on_cpu(self) -> bool:
-        """The replicas have no accelerator: no GPU reserved and the transformers engine (named, or auto's)."""
-        if self._reserved_gpus() or self.engine == "vllm":
+        """The replicas have no accelerator: no GPU reserved and an engine that then runs on the CPU (transformers,
+        named or auto's)."""
+        from fleetllm.engines.capabilities import capabilities, is_auto
+
+        if self._reserved_gpus():
             return False
-        return self.engine == "transformers" or self.resolved_engine() == "transformers"
+        return capabilities(self.resolved_engine() if is_auto(self.engine) else self.engine).cpu_unless_gpu_reserved
 
     def stream_budget(self, direct: bool = False) -> float:
         """Messages per second a replica may send across its streams (`stream_messages_per_s` or the default;

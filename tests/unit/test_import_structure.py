@@ -139,3 +139,47 @@ def test_no_cycle_between_packages():
 
 def test_no_cycle_between_files():
     assert cycles(EDGES) == []
+
+
+# --- engine names (issue 32) ----------------------------------------------------------------------
+# Outside fleetllm/engines/ code asks what an engine can do (fleetllm.engines.capabilities), never which engine
+# it is: no engine name is compared. Exceptions, each with its reason: none.
+ENGINE_NAMES = {"vllm", "transformers", "openai"}
+ENGINE_NAME_EXCEPTIONS: dict[str, str] = {}  # "fleetllm/x/cli.py:LINE" -> why that comparison must stay
+
+
+def _engine_names(node: ast.AST) -> set[str]:
+    """The engine names among a comparison operand: a string constant, or the constants of a tuple/list/set."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & ENGINE_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_engine_names(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def engine_name_comparisons(path: Path) -> list[str]:
+    """`file:line: comparison` for each comparison (==, !=, in, ..., or a match case) with an engine name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.MatchValue):
+            operands = [node.value]
+        else:
+            continue
+        if any(_engine_names(o) for o in operands):
+            found.append(f"{path.relative_to(PACKAGE_ROOT.parent)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_engine_name_reader_sees_comparisons():
+    """A reader that finds nothing would pass the test below: the engines' own module compares names."""
+    found = engine_name_comparisons(PACKAGE_ROOT / "engines" / "capabilities.py")
+    assert any("requested == 'vllm'" in f for f in found), found
+
+
+def test_no_engine_name_compared_outside_engines():
+    bad = [f for path in sorted(PACKAGE_ROOT.rglob("*.py")) if path.relative_to(PACKAGE_ROOT).parts[0] != "engines"
+           for f in engine_name_comparisons(path) if f.split(": ")[0] not in ENGINE_NAME_EXCEPTIONS]
+    assert bad == [], ("engine names compared outside fleetllm/engines/; ask fleetllm.engines.capabilities what the "
+                       "engine can do instead:\n" + "\n".join(bad))

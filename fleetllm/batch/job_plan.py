@@ -204,29 +204,11 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     task, embedding_dims = job_task(spec, model, engine)
     columns, planned_now, key = None, False, None
     if not hf_input.is_hf(spec.input):  # a dataset's Arrow/parquet files are typed already
-        key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
-        columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
-        planned_now = columns is None
-        if planned_now:
-            columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
-        check_ids(spec, files)
+        columns, planned_now, key = _file_columns(spec, files)
     check_template_renders(spec, columns, peeked)
-    engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
-    if model.kind == "hub" and model.revision:
-        engine_kwargs["revision"] = model.revision  # the replicas load the pinned commit
-    if spec.model.lora_adapters:  # resolved to local folders; the engine loads them (and they fingerprint the job)
-        from fleetllm import adapters
-
-        # a dry run fetches nothing, but resolves local folders as the run does (the same fingerprint)
-        engine_kwargs["lora_adapters"] = adapters.resolve_all(spec.model.lora_adapters, fetch=not dry_run)
+    engine_kwargs = _replica_engine_kwargs(spec, replica_plan, model, dry_run)
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
-    prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
-                    "input_format": spec.input.format, "id_column": spec.input.id_column}
-    if task == "embed":  # only then: fingerprints of generate jobs stay as they were
-        prompt_parts["task"] = "embed"
-    for name, value in (("image_column", spec.prompt.image_column), ("adapter_column", spec.model.adapter_column)):
-        if value:  # only when set: fingerprints of other jobs stay as they were
-            prompt_parts[name] = value
+    prompt_parts = _prompt_parts(spec, task)
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs,
         sampling=spec.sampling.as_params() if task == "generate" else {},
@@ -260,6 +242,44 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
                    replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping,
                    changed)
+
+
+def _file_columns(spec: JobSpec, files) -> tuple[Any, bool, str]:
+    """The input files' column types (recorded by an earlier run over the same files, else planned now), whether
+    they were planned now, and the key they are recorded under; the ids checked."""
+    key = columns_key(files, spec.input.format, WRITTEN_COLUMNS)
+    columns = recorded_columns(spec.output.path, key)  # planned by an earlier run over the same files
+    planned_now = columns is None
+    if planned_now:
+        columns = input_files.plan_columns(files, spec.input.format, skip=WRITTEN_COLUMNS)
+    check_ids(spec, files)
+    return columns, planned_now, key
+
+
+def _replica_engine_kwargs(spec: JobSpec, replica_plan, model, dry_run: bool) -> dict[str, Any]:
+    """The engine's keyword arguments for each replica: sizing's, the pinned hub revision, the LoRA adapters
+    resolved to local folders."""
+    engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
+    if model.kind == "hub" and model.revision:
+        engine_kwargs["revision"] = model.revision  # the replicas load the pinned commit
+    if spec.model.lora_adapters:  # resolved to local folders; the engine loads them (and they fingerprint the job)
+        from fleetllm import adapters
+
+        # a dry run fetches nothing, but resolves local folders as the run does (the same fingerprint)
+        engine_kwargs["lora_adapters"] = adapters.resolve_all(spec.model.lora_adapters, fetch=not dry_run)
+    return engine_kwargs
+
+
+def _prompt_parts(spec: JobSpec, task: str) -> dict[str, Any]:
+    """The prompt's part of the fingerprint (and of the prefix groups)."""
+    prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
+                    "input_format": spec.input.format, "id_column": spec.input.id_column}
+    if task == "embed":  # only then: fingerprints of generate jobs stay as they were
+        prompt_parts["task"] = "embed"
+    for name, value in (("image_column", spec.prompt.image_column), ("adapter_column", spec.model.adapter_column)):
+        if value:  # only when set: fingerprints of other jobs stay as they were
+            prompt_parts[name] = value
+    return prompt_parts
 
 
 def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard], columns: Any = None):

@@ -104,11 +104,7 @@ class EngineStarter:
 def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     """Run every pending shard through one in-process engine; `on_shard(shard, table)` commits each in
     this thread as it completes. Returns the engine's timestamps (ready, first call, last call done)."""
-    import pyarrow as pa
-
     from fleetllm.batch.job_plan import engine_pool
-    from fleetllm.batch.stages import table_from_rows
-    from fleetllm.batch.stream import read_shard_rows
     from fleetllm.engines.capabilities import capabilities
 
     pool = engine_pool(plan)
@@ -118,7 +114,6 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     tokenize = pool.tokenize_stage_kwargs()
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0, "engine_start": time.time()}
     starter = EngineStarter(pool.stage_class(), pool.stage_kwargs())
-    declared = plan.read_format
     one_at_a_time = threading.Lock() if plan.in_flight == 1 else None
     prepare = threading.Lock()
     prepared = threading.Event()
@@ -144,27 +139,8 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
 
     def shard_table(shard) -> Any:
         wait_for_engine_core()
-        read = read_shard_rows(shard.to_dict(), declared, plan.columns, plan.spec.input.columns)
-        rows = [preprocessor(r) for r in read]
-        table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
-        if pool.images is not None and pool.task == "generate":  # images fetched here, off the engine's path
-            from fleetllm.batch.image_stage import add_images
-
-            table = add_images(table, pool.images)
-        if tokenize is not None:
-            from fleetllm.batch.tokenize_stage import add_prompt_token_ids
-
-            table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
-        stage = starter.stage()
-        parts = []
-        for i in range(0, table.num_rows, plan.rows_per_call):
-            chunk = table.slice(i, plan.rows_per_call)
-            if one_at_a_time is not None:
-                with one_at_a_time:
-                    parts.append(stage(chunk))
-            else:
-                parts.append(stage(chunk))
-        return pa.concat_tables(parts, promote_options="permissive").sort_by("_line")
+        table = _prepared_table(shard, plan, preprocessor, pool, tokenize)
+        return _call_engine(starter.stage(), table, plan.rows_per_call, one_at_a_time)
 
     ahead = plan.in_flight + 1  # calls in flight, and one shard read and prepared ahead
     todo = list(plan.pending)
@@ -190,3 +166,39 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     finally:
         starter.close()
     return times
+
+
+def _prepared_table(shard, plan, preprocessor, pool, tokenize: dict[str, Any] | None) -> Any:
+    """A shard's rows read and preprocessed into one table, images fetched and prompts tokenized when the
+    pool's stages do (as the Ray Data stream's stages before the engine)."""
+    from fleetllm.batch.stages import table_from_rows
+    from fleetllm.batch.stream import read_shard_rows
+
+    read = read_shard_rows(shard.to_dict(), plan.read_format, plan.columns, plan.spec.input.columns)
+    rows = [preprocessor(r) for r in read]
+    table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
+    if pool.images is not None and pool.task == "generate":  # images fetched here, off the engine's path
+        from fleetllm.batch.image_stage import add_images
+
+        table = add_images(table, pool.images)
+    if tokenize is not None:
+        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+
+        table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
+    return table
+
+
+def _call_engine(stage, table, rows_per_call: int, one_at_a_time: threading.Lock | None) -> Any:
+    """The engine stage's output for `table`, called `rows_per_call` rows at a time (one call in flight
+    across the shards when `one_at_a_time` is given), in line order."""
+    import pyarrow as pa
+
+    parts = []
+    for i in range(0, table.num_rows, rows_per_call):
+        chunk = table.slice(i, rows_per_call)
+        if one_at_a_time is not None:
+            with one_at_a_time:
+                parts.append(stage(chunk))
+        else:
+            parts.append(stage(chunk))
+    return pa.concat_tables(parts, promote_options="permissive").sort_by("_line")

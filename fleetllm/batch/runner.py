@@ -26,7 +26,7 @@ from fleetllm.batch.assemble import commit_shard
 from fleetllm.batch.commit import OutputFolder
 from fleetllm.batch.estimate_job import apply_deadline, estimate_plan, job_shape
 from fleetllm.batch.estimate_live import RunEstimate
-from fleetllm.batch.job_plan import plan_job
+from fleetllm.batch.job_plan import JobPlan, plan_job
 from fleetllm.batch.job_report import make_report
 from fleetllm.batch.plan import Shard
 from fleetllm.batch.progress import JobProgress
@@ -140,26 +140,14 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     from fleetllm.batch import local_run
 
     in_process = local_run.runs_in_process(spec)
-    if in_process:  # one local replica: no Ray (fleetllm.batch.local_run)
-        plan = plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
-    else:  # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
-        compute = spec.compute
-        spec.environment.check_local()
-        replicas = compute.replicas if isinstance(compute.replicas, int) else 1
-        init_ray(spec.cluster.address, compute.cpus_per_replica * replicas, runtime_env=spec.environment.runtime_env())
-        wait_for_cluster(spec, console)
-        plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+    plan = _plan_where_it_runs(spec, in_process, overwrite, console)
     out = OutputFolder(spec.output.path, spec.output.format)
     if retry_errors is not None:
         rows = reopen_errors(plan, out, retry_errors)
         console.print(f"--retry-errors {retry_errors}: {rows} failed row(s) of the output are computed again")
     estimate = run_estimate(plan, t0, console)
     planned_at = time.time()
-    console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
-                  f"{plan.in_flight} batch(es) in flight each")
-    if plan.changed_files:
-        console.print(f"input changed since the last run: {', '.join(plan.changed_files)}; "
-                      "the shards whose rows changed are computed again")
+    _say_the_plan(plan, console)
     out.remove_report()
     preprocessor = make_preprocessor(spec, plan.task, plan.engine, plan.reads_images)
     progress = JobProgress(plan.total_rows, plan.skipped_rows, console=console,
@@ -211,6 +199,48 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if listen is not None:
             wait_listeners.remove(listen)
         progress.close()
+    report = _timed_report(plan, totals, out, series, in_process, t0=t0, planned_at=planned_at, t_engine=t_engine,
+                           engine_start_at=engine_start_at, ready_at=ready_at, first_call=first_call,
+                           last_done=last_done, last_commit=last_commit)
+    if estimate is not None:
+        estimate.finish(report)  # run.json: the estimate at the start beside what happened; the profile learns
+    writer.finalize(out, plan)
+    out.write_report(report)
+    rate = report["error_rate"]
+    report["ok"] = max_error_rate is None or rate <= max_error_rate
+    return report
+
+
+def _plan_where_it_runs(spec: JobSpec, in_process: bool, overwrite: bool, console: Console) -> JobPlan:
+    """The job's plan, sized to where it runs: this process (one local replica, no Ray) or the Ray cluster,
+    connected (or a local Ray started) and waited for (compute.wait_for) first."""
+    from fleetllm.batch import local_run
+
+    if in_process:  # one local replica: no Ray (fleetllm.batch.local_run)
+        return plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
+    # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
+    compute = spec.compute
+    spec.environment.check_local()
+    replicas = compute.replicas if isinstance(compute.replicas, int) else 1
+    init_ray(spec.cluster.address, compute.cpus_per_replica * replicas, runtime_env=spec.environment.runtime_env())
+    wait_for_cluster(spec, console)
+    return plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources())
+
+
+def _say_the_plan(plan: JobPlan, console: Console) -> None:
+    """The engine and replicas chosen, and the input files changed since the last run."""
+    console.print(f"engine: {plan.engine} ({plan.engine_reason}); {plan.replicas} replica(s), "
+                  f"{plan.in_flight} batch(es) in flight each")
+    if plan.changed_files:
+        console.print(f"input changed since the last run: {', '.join(plan.changed_files)}; "
+                      "the shards whose rows changed are computed again")
+
+
+def _timed_report(plan: JobPlan, totals: dict[str, int], out: OutputFolder, series: RunSeries, in_process: bool, *,
+                  t0: float, planned_at: float, t_engine: float, engine_start_at: float, ready_at: list[float],
+                  first_call: float, last_done: float, last_commit: float) -> dict[str, Any]:
+    """The job's report (make_report) with where the time went: wall and generation time, the timeline of
+    its phases, the series `fleetllm report` draws, the start-up lag and the last commit's travel."""
     wall = time.time() - t0
     generation_wall = last_commit - (ready_at[0] if ready_at else t_engine)
     report = make_report(plan, totals, wall, generation_wall, out)
@@ -226,12 +256,6 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     if ready_at and first_call < float("inf"):  # engine ready -> its first batch: the pipeline's start-up lag
         report["first_batch_after_ready_s"] = round(first_call - ready_at[0], 3)
         report["commit_after_last_batch_s"] = round(last_commit - last_done, 3)  # output travel + last commit
-    if estimate is not None:
-        estimate.finish(report)  # run.json: the estimate at the start beside what happened; the profile learns
-    writer.finalize(out, plan)
-    out.write_report(report)
-    rate = report["error_rate"]
-    report["ok"] = max_error_rate is None or rate <= max_error_rate
     return report
 
 

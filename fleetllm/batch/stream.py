@@ -51,7 +51,7 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
     (a PlanError naming what was seen) after compute.wait_timeout_s."""
     if spec.compute.wait_for is None:
         return
-    from fleetllm.cluster.wait import ray_snapshot, request_from_autoscaler, wait_until, wanted
+    from fleetllm.ray_resources import ray_snapshot, request_from_autoscaler, wait_until, wanted
 
     need = wanted(spec.compute.wait_for.gpus, spec.compute.wait_for.cpus)
     request_from_autoscaler(need)  # withdrawn when the job ends (release_cluster_request)
@@ -61,7 +61,7 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
 def release_cluster_request(spec: JobSpec) -> None:
     """Withdraw the autoscaler request of compute.wait_for (it outlives the driver otherwise)."""
     if spec.compute.wait_for is not None:
-        from fleetllm.cluster.wait import request_from_autoscaler
+        from fleetllm.ray_resources import request_from_autoscaler
 
         request_from_autoscaler({})
 

@@ -244,7 +244,7 @@ class StreamBatcher:
         engine = self.engine
         torch = engine.torch
         tok = engine.tokenizer
-        from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+        from transformers import StoppingCriteria, StoppingCriteriaList
 
         members.sort(key=lambda r: len(r.ids))
         sampling = members[0].sampling
@@ -276,20 +276,8 @@ class StreamBatcher:
             max_new_tokens=max(r.limit for r in rows), pad_token_id=tok.pad_token_id, num_return_sequences=n,
             stopping_criteria=StoppingCriteriaList([StepHook()]),
         )
-        processors = []
-        grammars = [r.req.grammar for r in rows]  # each row follows its own request's grammar (or none)
-        if any(g is not None for g in grammars):
-            from fleetllm.engines.grammar import GrammarLogitsProcessor
-
-            processors.append(GrammarLogitsProcessor(grammars))
-        if processors:
-            gen_kwargs["logits_processor"] = LogitsProcessorList(processors)
-        temperature = float(sampling.get("temperature") or 0.0)
-        if temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=temperature, top_p=float(sampling.get("top_p", 1.0)),
-                              top_k=int(sampling.get("top_k") or 0))
-        else:
-            gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        # each row follows its own request's grammar (or none)
+        gen_kwargs.update(_decoding_kwargs(sampling, [r.req.grammar for r in rows]))
         gen_kwargs.update(engine.generate_kwargs(sampling, batch["input_ids"].shape[1]))
         if sampling.get("ignore_eos"):
             gen_kwargs["eos_token_id"] = None
@@ -363,3 +351,24 @@ class StreamBatcher:
             index=row.index, text=row.text.finish(), num_generated_tokens=len(row.text.tokens) + extra_tokens,
             finish_reason=reason,
             num_input_tokens=len(row.req.ids))))
+
+
+def _decoding_kwargs(sampling: dict[str, Any], grammars: list) -> dict[str, Any]:
+    """generate()'s logits processors (the rows' grammars) and sampling arguments (greedy at temperature 0)."""
+    from transformers import LogitsProcessorList
+
+    kwargs: dict[str, Any] = {}
+    processors = []
+    if any(g is not None for g in grammars):
+        from fleetllm.engines.grammar import GrammarLogitsProcessor
+
+        processors.append(GrammarLogitsProcessor(grammars))
+    if processors:
+        kwargs["logits_processor"] = LogitsProcessorList(processors)
+    temperature = float(sampling.get("temperature") or 0.0)
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature, top_p=float(sampling.get("top_p", 1.0)),
+                      top_k=int(sampling.get("top_k") or 0))
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    return kwargs

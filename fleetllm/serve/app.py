@@ -57,10 +57,27 @@ def build_openai_app(builder_config: dict[str, Any]):
     """
     from ray.serve.config import BackpressureConfig
 
+    builder_config, configs, router_kwargs = _read_builder_config(builder_config)
+    path = _choose_path(builder_config.get("ingress") or "auto", configs)
+    batch_store = builder_config.get("batch_store")
+    if path == "direct":
+        from fleetllm.serve.direct import direct_deployment, direct_options
+
+        cfg = configs[0]
+        return direct_deployment().options(
+            name=deployment_name(cfg.model_id),
+            backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
+            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
+                                        batch_store)
+    return _separate_app(configs, router_kwargs, builder_config.get("api_key"), batch_store)
+
+
+def _read_builder_config(builder_config: dict[str, Any]) -> tuple[dict[str, Any], list[LLMConfig], Any]:
+    """The builder config with Ray's names read (LLMServingArgs, router_cls / router_config), checked: the
+    config, its LLMConfigs (every one prefix_affinity with a router) and the router's keyword arguments."""
     from fleetllm.errors import SpecError
     from fleetllm.secrets import check_api_key
     from fleetllm.serve.ray_names import builder_router, serving_args
-    from fleetllm.serve.spec import IngressMode, choose_ingress
 
     builder_config = serving_args(builder_config)  # Ray's LLMServingArgs too
     try:
@@ -71,7 +88,6 @@ def build_openai_app(builder_config: dict[str, Any]):
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
                         "ingress, batch_store, router_cls, router_config)")
-    batch_store = builder_config.get("batch_store")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
             check_api_key(builder_config["api_key"], "build_openai_app: api_key")
@@ -86,7 +102,14 @@ def build_openai_app(builder_config: dict[str, Any]):
     ids = [c.model_id for c in configs]
     if len(set(ids)) != len(ids):
         raise SpecError(f"model ids {ids} repeat; give each LLMConfig its own model_id")
-    ingress = builder_config.get("ingress") or "auto"
+    return builder_config, configs, router_kwargs
+
+
+def _choose_path(ingress: str, configs: list[LLMConfig]) -> str:
+    """"direct" or "separate" (fleetllm.serve.spec.choose_ingress), logged with the reason."""
+    from fleetllm.errors import SpecError
+    from fleetllm.serve.spec import IngressMode, choose_ingress
+
     if ingress not in get_args(IngressMode):
         raise SpecError(f"build_openai_app: ingress {ingress!r} is not one of {', '.join(get_args(IngressMode))}")
     try:
@@ -94,15 +117,11 @@ def build_openai_app(builder_config: dict[str, Any]):
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     log.info("fleetllm serve: %s ingress (%s)", path, why)
-    if path == "direct":
-        from fleetllm.serve.direct import direct_deployment, direct_options
+    return path
 
-        cfg = configs[0]
-        return direct_deployment().options(
-            name=deployment_name(cfg.model_id),
-            backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
-            **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
-                                        batch_store)
+
+def _separate_app(configs: list[LLMConfig], router_kwargs: Any, api_key: str | None, batch_store: str | None):
+    """One LLMServer deployment per model behind one OpenAIIngress deployment."""
     from fleetllm.serve import deployments
 
     LLMServer, OpenAIIngress = _deployments()
@@ -115,4 +134,4 @@ def build_openai_app(builder_config: dict[str, Any]):
             opts["request_router_config"] = router_config(opts["max_ongoing_requests"], router_kwargs)
         handles[cfg.model_id] = LLMServer.options(**opts).bind(cfg.model_dump())
     front = OpenAIIngress.options(**deployments.OpenAiIngress.get_deployment_options(configs))
-    return front.bind(handles, builder_config.get("api_key"), batch_store)
+    return front.bind(handles, api_key, batch_store)

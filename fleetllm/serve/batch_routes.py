@@ -43,18 +43,26 @@ def check_limit(limit: int) -> int:
 
 def add_batch_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Request], None]) -> None:
     """Register /v1/files and /v1/batches on `app` (sync handlers: FastAPI runs them on its thread pool)."""
+    add_file_routes(app, store, check_key)
+    add_batches_routes(app, store, check_key)
 
-    def get_file(file_id: str) -> dict[str, Any]:
-        obj = store.get_file(file_id)
-        if obj is None:
-            raise not_found("File", file_id)
-        return obj
 
-    def get_batch(batch_id: str) -> dict[str, Any]:
-        batch = store.get_batch(batch_id)
-        if batch is None:
-            raise not_found("Batch", batch_id)
-        return batch
+def get_file(store: BatchStore, file_id: str) -> dict[str, Any]:
+    obj = store.get_file(file_id)
+    if obj is None:
+        raise not_found("File", file_id)
+    return obj
+
+
+def get_batch(store: BatchStore, batch_id: str) -> dict[str, Any]:
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        raise not_found("Batch", batch_id)
+    return batch
+
+
+def add_file_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Request], None]) -> None:
+    """/v1/files: upload, list, retrieve, content, delete."""
 
     @app.post("/v1/files")
     def upload(request: Request, file: UploadFile = File(...), purpose: str = Form(...)):
@@ -81,12 +89,12 @@ def add_batch_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Reque
     @app.get("/v1/files/{file_id}")
     def retrieve_file(request: Request, file_id: str):
         check_key(request)
-        return JSONResponse(public(get_file(file_id)))
+        return JSONResponse(public(get_file(store, file_id)))
 
     @app.get("/v1/files/{file_id}/content")
     def file_content(request: Request, file_id: str):
         check_key(request)
-        obj = get_file(file_id)
+        obj = get_file(store, file_id)
 
         def chunks():
             with store.open_content(obj) as fh:
@@ -98,9 +106,13 @@ def add_batch_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Reque
     @app.delete("/v1/files/{file_id}")
     def delete_file(request: Request, file_id: str):
         check_key(request)
-        obj = get_file(file_id)
+        obj = get_file(store, file_id)
         store.delete_file(obj)
         return JSONResponse({"id": obj["id"], "object": "file", "deleted": True})
+
+
+def add_batches_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Request], None]) -> None:
+    """/v1/batches: create, list, retrieve, cancel."""
 
     @app.post("/v1/batches")
     async def create_batch(request: Request):
@@ -123,12 +135,12 @@ def add_batch_routes(app: FastAPI, store: BatchStore, check_key: Callable[[Reque
     @app.get("/v1/batches/{batch_id}")
     def retrieve_batch(request: Request, batch_id: str):
         check_key(request)
-        return JSONResponse(store.view(get_batch(batch_id)))
+        return JSONResponse(store.view(get_batch(store, batch_id)))
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(request: Request, batch_id: str):
         check_key(request)
-        batch = get_batch(batch_id)
+        batch = get_batch(store, batch_id)
         if batch["status"] in TERMINAL:
             raise APIError(409, f"Cannot cancel a batch with status '{batch['status']}'.", param="batch_id")
         store.request_cancel(batch_id)

@@ -129,7 +129,7 @@ class HandleBackend:
                  adapters: tuple[str, ...] = (), reads_images: bool = False) -> None:
         self.model_id = model_id
         self.task = task
-        self.adapters = adapters  # LoRA adapter names: model ids of their own (fleetllm.serve.api.adapter_ids)
+        self.adapters = adapters  # LoRA adapter names: model ids of their own (fleetllm.serve.handlers.adapter_ids)
         self.reads_images = reads_images  # image_url parts reach the replica (else a 400: text only)
         self.handle = handle
         self.stream_handle = handle.options(stream=True)

@@ -92,14 +92,66 @@ class ServerStats:
 def build_app(options: ServerOptions):
     """The Starlette (ASGI) app; its counters live on `app.state.stats`."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    stats = ServerStats()
-    rng = random.Random(options.seed)
-    state = {"in_system": 0, "active": 0, "sem": None, "changed_at": None, "first_at": None}
+    server = _Simulated(options)
 
-    def in_system(delta: int) -> None:
+    async def chat_completions(request):
+        return await server.reply(request, chat=True)
+
+    async def completions(request):
+        return await server.reply(request, chat=False)
+
+    async def models(request):
+        if (no := server.refused(request)) is not None:
+            return no
+        return JSONResponse({"object": "list",
+                             "data": [{"id": options.model, "object": "model", "owned_by": "fleetllm"}]})
+
+    async def get_stats(request):
+        return JSONResponse(asdict(server.stats))
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/stats", get_stats, methods=["GET"]),
+    ])
+    app.state.stats = server.stats
+    return app
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def _prompt_of(body: dict[str, Any], chat: bool) -> str:
+    """The prompt a reply echoes: the last user message (chat), else `prompt`; JSON when not a string."""
+    if chat:
+        messages = body.get("messages") or []
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        content = users[-1].get("content") if users else ""
+        return content if isinstance(content, str) else json.dumps(content)
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+class _Simulated:
+    """The simulated inference server behind the routes: its counters (`stats`), the requests in the
+    system and being served, the capacity semaphore."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.stats = ServerStats()
+        self.rng = random.Random(options.seed)
+        self.state: dict[str, Any] = {"in_system": 0, "active": 0, "sem": None, "changed_at": None, "first_at": None}
+
+    def in_system(self, delta: int) -> None:
+        state, stats = self.state, self.stats
         now = time.monotonic()
         if state["first_at"] is None:
             state["first_at"] = state["changed_at"] = now
@@ -108,61 +160,66 @@ def build_app(options: ServerOptions):
         state["changed_at"] = now
         stats.span_s = now - state["first_at"]
 
-    def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None):
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
-                            status_code=status, headers=headers)
-
-    async def serve(body: dict[str, Any], chat: bool):
-        if chat:
-            messages = body.get("messages") or []
-            users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-            content = users[-1].get("content") if users else ""
-            prompt = content if isinstance(content, str) else json.dumps(content)
-        else:
-            prompt = body.get("prompt", "")
-            prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    async def serve(self, body: dict[str, Any], chat: bool):
+        options, stats = self.options, self.stats
+        prompt = _prompt_of(body, chat)
         stats.requests += 1
         stats.prompts[prompt] = stats.prompts.get(prompt, 0) + 1
-        if options.bad_request_marker and options.bad_request_marker in prompt:
-            return error(400, "this prompt is invalid (it holds the bad-request marker)", "BadRequestError")
-        if body.get("model") != options.model:
-            return error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
-                         "NotFoundError")
-        if faults.applies(options, prompt, stats.requests):
-            stats.faults += 1
-            faulty = await faults.fault_reply(options, body, lambda: answer(body, prompt, chat), error)
-            if faulty is not None:
-                return faulty
-        if options.failure_rate and rng.random() < options.failure_rate:
-            stats.failed += 1
-            return error(options.failure_status, "injected failure", "ServiceUnavailable")
-        if options.hard_limit is not None and state["in_system"] >= options.hard_limit:
-            stats.rate_limited += 1
-            ra = options.retry_after_s
-            return error(429, "too many requests", "RateLimitError",
-                         {"retry-after": str(max(1, round(ra))), "retry-after-ms": str(int(ra * 1000))})
-        in_system(+1)
-        stats.max_in_system = max(stats.max_in_system, state["in_system"])
+        turned_away = await self.turned_away(body, prompt, chat)
+        if turned_away is not None:
+            return turned_away
+        self.in_system(+1)
+        stats.max_in_system = max(stats.max_in_system, self.state["in_system"])
         try:
             if options.capacity is None:
                 await asyncio.sleep(options.latency_s)
             else:
-                if state["sem"] is None:
-                    state["sem"] = asyncio.Semaphore(options.capacity)
-                async with state["sem"]:
-                    state["active"] += 1
-                    stats.max_active = max(stats.max_active, state["active"])
-                    try:
-                        slow = 1.0 + options.batch_slowdown * state["active"] / options.capacity
-                        await asyncio.sleep(options.latency_s * slow)
-                    finally:
-                        state["active"] -= 1
+                await self.take_a_slot()
         finally:
-            in_system(-1)
+            self.in_system(-1)
         stats.ok += 1
-        return answer(body, prompt, chat)
+        return self.answer(body, prompt, chat)
 
-    def answer(body: dict[str, Any], prompt: str, chat: bool) -> dict[str, Any]:
+    async def turned_away(self, body: dict[str, Any], prompt: str, chat: bool):
+        """The reply of a request not served: a bad request, an unknown model, a fault, an injected failure,
+        a 429 past the hard limit; None to serve it."""
+        options, stats = self.options, self.stats
+        if options.bad_request_marker and options.bad_request_marker in prompt:
+            return _error(400, "this prompt is invalid (it holds the bad-request marker)", "BadRequestError")
+        if body.get("model") != options.model:
+            return _error(404, f"model {body.get('model')!r} does not exist; this server serves {options.model!r}",
+                          "NotFoundError")
+        if faults.applies(options, prompt, stats.requests):
+            stats.faults += 1
+            faulty = await faults.fault_reply(options, body, lambda: self.answer(body, prompt, chat), _error)
+            if faulty is not None:
+                return faulty
+        if options.failure_rate and self.rng.random() < options.failure_rate:
+            stats.failed += 1
+            return _error(options.failure_status, "injected failure", "ServiceUnavailable")
+        if options.hard_limit is not None and self.state["in_system"] >= options.hard_limit:
+            stats.rate_limited += 1
+            ra = options.retry_after_s
+            return _error(429, "too many requests", "RateLimitError",
+                          {"retry-after": str(max(1, round(ra))), "retry-after-ms": str(int(ra * 1000))})
+        return None
+
+    async def take_a_slot(self) -> None:
+        """Wait for one of `capacity` slots (FIFO), then take `latency_s`, slowed by the batch in service."""
+        options, state, stats = self.options, self.state, self.stats
+        if state["sem"] is None:
+            state["sem"] = asyncio.Semaphore(options.capacity)
+        async with state["sem"]:
+            state["active"] += 1
+            stats.max_active = max(stats.max_active, state["active"])
+            try:
+                slow = 1.0 + options.batch_slowdown * state["active"] / options.capacity
+                await asyncio.sleep(options.latency_s * slow)
+            finally:
+                state["active"] -= 1
+
+    def answer(self, body: dict[str, Any], prompt: str, chat: bool) -> dict[str, Any]:
+        options, stats = self.options, self.stats
         words = ("echo: " + prompt).split(" ")
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 10**9
         finish = "length" if len(words) > int(max_tokens) else "stop"
@@ -181,45 +238,23 @@ def build_app(options: ServerOptions):
         return {"id": f"cmpl-{stats.requests}", "object": "text_completion", "created": created,
                 "model": options.model, "choices": choices, "usage": usage}
 
-    def refused(request):
-        if options.api_key is None or request.headers.get("authorization") == f"Bearer {options.api_key}":
+    def refused(self, request):
+        if self.options.api_key is None or request.headers.get("authorization") == f"Bearer {self.options.api_key}":
             return None
-        stats.unauthorized += 1
-        return error(401, "Incorrect API key provided", "invalid_request_error")
+        self.stats.unauthorized += 1
+        return _error(401, "Incorrect API key provided", "invalid_request_error")
 
-    async def reply(request, chat: bool):
-        if (no := refused(request)) is not None:
+    async def reply(self, request, chat: bool):
+        from starlette.responses import JSONResponse, Response
+
+        if (no := self.refused(request)) is not None:
             return no
         try:
             body = await request.json()
         except ValueError:
-            return error(400, "the request body is not JSON", "BadRequestError")
-        out = await serve(body if isinstance(body, dict) else {}, chat)
+            return _error(400, "the request body is not JSON", "BadRequestError")
+        out = await self.serve(body if isinstance(body, dict) else {}, chat)
         return out if isinstance(out, Response) else JSONResponse(out)
-
-    async def chat_completions(request):
-        return await reply(request, chat=True)
-
-    async def completions(request):
-        return await reply(request, chat=False)
-
-    async def models(request):
-        if (no := refused(request)) is not None:
-            return no
-        return JSONResponse({"object": "list",
-                             "data": [{"id": options.model, "object": "model", "owned_by": "fleetllm"}]})
-
-    async def get_stats(request):
-        return JSONResponse(asdict(stats))
-
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/stats", get_stats, methods=["GET"]),
-    ])
-    app.state.stats = stats
-    return app
 
 
 class CapacityServer:

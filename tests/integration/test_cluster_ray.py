@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleetllm.cluster.wait import ResourceTimeout, wait_for_resources
+from fleetllm.cluster.wait import wait_for_resources
+from fleetllm.ray_resources import ResourceTimeout
 
 
 def test_wait_returns_when_the_cluster_has_enough(ray_local):

@@ -119,7 +119,7 @@ def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_clus
     from rich.console import Console
 
     from fleetllm.batch.stream import wait_for_cluster
-    from fleetllm.cluster.wait import ResourceTimeout
+    from fleetllm.ray_resources import ResourceTimeout
 
     spec = _job(tmp_path, embedded_model, wait_for={"gpus": 4}, wait_timeout_s=5)
     wait_for_cluster(spec, Console(quiet=True))  # there: returns at once

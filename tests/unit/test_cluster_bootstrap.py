@@ -17,7 +17,7 @@ from fleetllm.cluster.bootstrap import (
     worker_command,
 )
 from fleetllm.cluster.jobs import JobsError, default_entrypoint, plan_submission
-from fleetllm.cluster.wait import ResourceTimeout, Snapshot, wait_until, wanted
+from fleetllm.ray_resources import ResourceTimeout, Snapshot, wait_until, wanted
 from fleetllm.errors import PlanError
 
 

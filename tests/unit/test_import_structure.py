@@ -6,6 +6,10 @@ Layers: the command modules (`fleetllm/cli.py`, `__main__`, `models_cli`, every 
 on top and may import anything; nothing else imports them. Below them the packages (engines, batch,
 serve, query, cluster, report, testing) and the top-level modules (spec, sizing, models, ...), each a
 node of the package graph, which has no cycle; nor has the graph of files.
+
+Sizes (issue 32): no module of fleetllm/ over MAX_MODULE_LINES lines, no function (or method) over
+MAX_FUNCTION_LINES lines (end_lineno - lineno + 1, decorators not counted), but for the exceptions named
+below with their reason.
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "fleetllm"
 COMMAND_MODULES = {"fleetllm.cli", "fleetllm.__main__", "fleetllm.models_cli"}
 FORBIDDEN = {  # package -> packages its library modules (not its command) must not import
     "engines": {"batch", "serve", "query", "cluster", "report"},
-    "batch": {"serve", "query"},
+    "batch": {"serve", "query", "cluster"},  # cluster/ is deployment tooling above serve/
     "serve": {"batch", "query"},
 }
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+# "path relative to fleetllm/" -> why it may be longer; "path:function" for a function. None now.
+SIZE_EXCEPTIONS: dict[str, str] = {}
 
 
 def modules() -> dict[str, Path]:
@@ -115,6 +123,7 @@ def test_the_reader_sees_the_imports():
     assert "fleetllm.engines.openai.client" in EDGES["fleetllm.engines.openai.engine"]
     assert "fleetllm.engines.transformers_stream" in EDGES["fleetllm.engines.transformers_engine"]  # lazy import
     assert "fleetllm.batch.cli" in EDGES["fleetllm.query.cli"]
+    assert "fleetllm.ray_resources" in EDGES["fleetllm.batch.stream"]  # lazy, inside wait_for_cluster
 
 
 def test_no_forbidden_direction():
@@ -183,3 +192,48 @@ def test_no_engine_name_compared_outside_engines():
            for f in engine_name_comparisons(path) if f.split(": ")[0] not in ENGINE_NAME_EXCEPTIONS]
     assert bad == [], ("engine names compared outside fleetllm/engines/; ask fleetllm.engines.capabilities what the "
                        "engine can do instead:\n" + "\n".join(bad))
+
+
+def long_modules(mods: dict[str, Path]) -> list[str]:
+    return sorted(f"{p.relative_to(PACKAGE_ROOT)}: {n} lines" for p in mods.values()
+                  if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+                  and str(p.relative_to(PACKAGE_ROOT)) not in SIZE_EXCEPTIONS)
+
+
+def long_functions(mods: dict[str, Path]) -> list[str]:
+    found = []
+    for path in mods.values():
+        rel = str(path.relative_to(PACKAGE_ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in SIZE_EXCEPTIONS:
+                    found.append(f"{rel}:{node.name} (line {node.lineno}): {n} lines")
+    return sorted(found)
+
+
+def test_no_module_over_the_limit():
+    assert long_modules(MODS) == [], (f"modules over {MAX_MODULE_LINES} lines: move a coherent part to a module "
+                                      "of its own (or name the exception in SIZE_EXCEPTIONS, with why)")
+
+
+def test_no_function_over_the_limit():
+    assert long_functions(MODS) == [], (f"functions over {MAX_FUNCTION_LINES} lines: split them (or name the "
+                                        "exception in SIZE_EXCEPTIONS, with why)")
+
+
+def test_the_size_exceptions_are_still_needed():
+    """An exception whose module or function has shrunk (or gone) is dropped from the list."""
+    stale = []
+    for key in SIZE_EXCEPTIONS:
+        rel, _, func = key.partition(":")
+        path = PACKAGE_ROOT / rel
+        if not path.exists():
+            stale.append(key)
+        elif not func:
+            stale += [key] if len(path.read_text().splitlines()) <= MAX_MODULE_LINES else []
+        else:
+            sizes = [n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func]
+            stale += [key] if not sizes or max(sizes) <= MAX_FUNCTION_LINES else []
+    assert stale == []

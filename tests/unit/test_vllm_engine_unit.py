@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleetllm.engines.base import GenerationRequest
-from fleetllm.engines.vllm_engine import CPU_KV_CACHE_BYTES, VLLMEngine, to_plain
+from fleetllm.engines.vllm_engine import CPU_KV_CACHE_BYTES, VLLMEngine
+from fleetllm.engines.vllm_requests import to_plain
 from fleetllm.errors import EngineError
 
 

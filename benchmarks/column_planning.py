@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.job_prepare import plan_and_prepare
     from fleetllm.spec import JobSpec
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,12 +44,12 @@ def main() -> None:
                                    "input": {"path": str(src), "id_column": "id"}, "prompt": {"template": "{question}"},
                                    "output": {"path": str(work / "out"), "shard_rows": 1000}})
     t0 = time.perf_counter()
-    plan_job(spec)
+    plan_and_prepare(spec)
     first = time.perf_counter() - t0
     again = []
     for _ in range(3):
         t0 = time.perf_counter()
-        plan_job(spec)
+        plan_and_prepare(spec)
         again.append(time.perf_counter() - t0)
     result = {"rows": a.rows, "first_plan_s": round(first, 3), "resume_plan_median_s": round(sorted(again)[1], 3),
               "load_average": os.getloadavg()[0], "cpus": os.cpu_count()}

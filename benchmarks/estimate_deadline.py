@@ -62,9 +62,9 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     result: dict = {"cpus": a.cpus, "rows": a.rows}
-    one = run_job(spec(None, "dry"), dry_run=True, as_json=True)  # sized for the Ray cluster: a.cpus replicas
+    one = run_job(spec(None, "dry"), as_json=True)  # sized for the Ray cluster: a.cpus replicas
     by_k = {}
-    plan = plan_job(spec(None, "dry"), dry_run=True, resources=cluster_resources())
+    plan = plan_job(spec(None, "dry"), resources=cluster_resources())
     shape = job_shape(plan)
     prof = store.load_profile(profile_key(plan))
     for k in range(1, a.cpus + 1):
@@ -74,7 +74,7 @@ def main() -> None:
     print("estimated wall by replicas (mid, high):", by_k)
     tight = max(1, int(by_k[a.cpus][1] * 0.5))
     try:
-        run_job(spec(f"{tight}s", "refused"), dry_run=True, as_json=True)
+        run_job(spec(f"{tight}s", "refused"), as_json=True)
         result["refused"] = None
     except PlanError as exc:
         result["refused"] = {"deadline": f"{tight}s", "error": str(exc)}

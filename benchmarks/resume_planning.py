@@ -67,7 +67,7 @@ def measure(spec_dict: dict) -> dict:
     from fleetllm.batch import io as bio
     from fleetllm.batch.commit import OutputFolder
     from fleetllm.batch.plan import plan_shards
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.job_prepare import plan_and_prepare
     from fleetllm.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)
@@ -77,13 +77,13 @@ def measure(spec_dict: dict) -> dict:
     reset = _reset_peak_rss()
     rss_base = _status_mib("VmRSS") if reset else ru_base
     t0 = time.perf_counter()
-    plan = plan_job(spec)
+    plan = plan_and_prepare(spec)
     plan_s = time.perf_counter() - t0
     rss_peak = _status_mib("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     repeats = []
     for _ in range(3):  # the same call again: the spread shows the machine's noise
         t0 = time.perf_counter()
-        plan_job(spec)
+        plan_and_prepare(spec)
         repeats.append(time.perf_counter() - t0)
     loaded = sorted(m for m in HEAVY if m in sys.modules and m not in before_modules)
 
@@ -106,7 +106,7 @@ def measure(spec_dict: dict) -> dict:
     del files, shards, pending, committed
     gc.collect()
     tracemalloc.start()
-    plan2 = plan_job(spec)
+    plan2 = plan_and_prepare(spec)
     retained, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(plan2.pending) == len(plan.pending)
@@ -165,12 +165,12 @@ def commit_shards(spec_dict: dict, upto: int) -> float:
 
     from fleetllm.batch.commit import OutputFolder
     from fleetllm.batch.assemble import commit_shard
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.job_prepare import plan_and_prepare
     from fleetllm.batch.writers import shard_writer
     from fleetllm.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)
-    plan = plan_job(spec)
+    plan = plan_and_prepare(spec)
     out = OutputFolder(spec.output.path, spec.output.format)
     writer = shard_writer(spec.output.format)
     t0 = time.perf_counter()
@@ -220,7 +220,7 @@ def print_table(results: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="resume planning: plan_job(spec) in a fresh process (warm page cache)")
+    t = Table(title="resume planning: plan_and_prepare(spec) in a fresh process (warm page cache)")
     for col in ("input", "engine", "row groups", "rows", "shards", "committed", "pending", "plan_job s",
                 "again s", "scan s", "skip s", "RSS Δ MiB", "py peak MiB", "plan keeps MiB"):
         t.add_column(col, justify="left" if col in ("input", "engine") else "right")

@@ -66,9 +66,33 @@ def resolve(name: str, source: str) -> str:
 
 
 def resolve_all(adapters: Mapping[str, str], fetch: bool = True) -> dict[str, str]:
-    """{name: local folder}. fetch=False (a dry run): local folders resolved and checked, object-store URLs
-    and hub ids kept as given (nothing is copied or downloaded)."""
-    return {name: resolve(name, source) if fetch or is_local(source) else source for name, source in adapters.items()}
+    """{name: local folder}. fetch=False (planning): nothing copied or downloaded; local folders resolved and
+    checked, object-store URLs and hub ids fetched before taken as their copies, the others kept as given."""
+    if fetch:
+        return {name: resolve(name, source) for name, source in adapters.items()}
+    return {name: resolve(name, source) if is_local(source) else (fetched(source) or source)
+            for name, source in adapters.items()}
+
+
+def fetched(source: str) -> str | None:
+    """The local copy of an object-store URL or hub id fetched before, or None (nothing is downloaded)."""
+    if "://" in source:
+        dest = _store_copy(source)
+        return str(dest) if (dest / CONFIG).is_file() else None
+    if source.count("/") == 1:
+        try:
+            from huggingface_hub import snapshot_download
+
+            return snapshot_download(source, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not in the hub cache (or no hub library): not fetched
+            return None
+    return None
+
+
+def _store_copy(url: str) -> Path:
+    from fleetllm.models import fleetllm_home
+
+    return fleetllm_home() / "adapters" / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def is_local(source: str) -> bool:
@@ -78,9 +102,7 @@ def is_local(source: str) -> bool:
 def _from_store(name: str, url: str) -> str:
     import fsspec
 
-    from fleetllm.models import fleetllm_home
-
-    dest = fleetllm_home() / "adapters" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    dest = _store_copy(url)
     if (dest / CONFIG).is_file():
         return str(dest)
     try:

@@ -56,10 +56,10 @@ def finalize_partial(spec: JobSpec) -> None:
     """Write output.jsonl and errors.jsonl from the committed shards (the job was stopped before its end)."""
     from fleetllm.batch import local_run
     from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.job_prepare import plan_and_prepare
     from fleetllm.batch.openai_batch import OpenAIBatchWriter
 
-    plan = plan_job(spec, resources=local_run.local_resources_for_run(spec))
+    plan = plan_and_prepare(spec, resources=local_run.local_resources_for_run(spec))
     OpenAIBatchWriter().finalize(OutputFolder(spec.output.path, "openai_batch"), plan)
 
 

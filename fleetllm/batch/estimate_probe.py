@@ -112,14 +112,12 @@ def sampling_of(row: dict, plan) -> dict:
 def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     """Probe the job's engine; returns what was measured and the job's estimate from the new profile."""
     from fleetllm.batch.job_plan import engine_pool, plan_job
+    from fleetllm.batch.job_prepare import fetch_models
     from fleetllm.batch.local_run import local_resources_for_run
 
     t_plan = time.time()
-    plan = plan_job(spec, dry_run=True, resources=local_resources_for_run(spec))
-    if spec.model.lora_adapters:  # the probe's engine loads them: fetched as a run fetches them
-        from fleetllm.adapters import resolve_all
-
-        plan.engine_kwargs["lora_adapters"] = resolve_all(spec.model.lora_adapters)
+    fetch_models(spec)  # the probe's engine loads the model and adapters as a run's does
+    plan = plan_job(spec, resources=local_resources_for_run(spec))
     can = capabilities(plan.engine)
     if plan.task != "generate" or can.is_endpoint:
         raise PlanError(f"fleetllm calibrate measures a local engine generating text; this job is "

@@ -1,8 +1,10 @@
 """Plan a batch job: the engine, the replicas, the shards and which are already committed, and the
 checks that refuse a job before any model loads (columns, sampling, task). Loads no model.
 
-    spec -> plan_job -> JobPlan (the engine and replicas from fleetllm.sizing; the shards from
-    fleetllm.batch.plan or hf_input; the fingerprint; the output folder's committed shards)
+    plan_job(spec)       -> JobPlan, pure: reads the input, the output folder's records and the caches;
+                         writes and downloads nothing (`fleetllm run --dry-run` is plan_job + describe).
+                         Before a run, fetch_models downloads; after, prepare writes
+                         (fleetllm.batch.job_prepare).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Callable
 from fleetllm import sizing
 from fleetllm.batch import content_id, hf_input, io as input_files
 from fleetllm.batch.columns import describe as describe_columns, input_key as columns_key
-from fleetllm.batch.columns import record as record_columns, recorded as recorded_columns
+from fleetllm.batch.columns import recorded as recorded_columns
 from fleetllm.batch.commit import ManifestEntry, OutputFolder
 from fleetllm.batch.engine_pool import EnginePool
 from fleetllm.batch.fingerprint import fingerprint, fingerprint_parts
@@ -50,6 +52,9 @@ class JobPlan:
     grouping: Any = None  # fleetllm.batch.prefix.Decision: rows grouped by prompt prefix, or not
     changed_files: list[str] = field(default_factory=list)  # input files whose content differs from the last run's
     kept_rows: int = 0  # --retry-errors: rows of reopened shards that stay as committed
+    overwrite: bool = False  # the run replaces an output folder of another job (--overwrite)
+    column_record: tuple | None = None  # (input key, pyarrow.Schema) typed by this plan: prepare records them
+    input_identities: dict[str, Any] = field(default_factory=dict)  # input file -> identity: prepare records them
 
     @property
     def grouped(self) -> bool:
@@ -172,11 +177,11 @@ def local_resources() -> dict[str, float]:
     return {"CPU": float(sizing.detected_cpus()), "GPU": float(sizing.local_gpu_count())}
 
 
-def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
-             preprocess: Callable | None = None, resources: dict[str, float] | None = None) -> JobPlan:
+def plan_job(spec: JobSpec, *, overwrite: bool = False, preprocess: Callable | None = None,
+             resources: dict[str, float] | None = None) -> JobPlan:
     """Plan a job against `resources` (the connected cluster's; default this machine's): the engine,
-    the replicas, the shards and which of them are already committed. Loads no model."""
-    from fleetllm import models
+    the replicas, the shards and which of them are already committed. Pure: loads no model, writes and
+    downloads nothing (an embedded model not pulled yet is planned as the folder it will be pulled to)."""
 
     sized_for = "the connected Ray cluster"
     if resources is None:
@@ -184,17 +189,7 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
     engine, reason = replica_plan.engine, replica_plan.description[0]
     check_sampling_spec(spec, engine)
-    if capabilities(engine).is_endpoint:  # a model behind an endpoint: nothing to look up or pull
-        model = models.served(spec.model.source)
-    elif not (dry_run and spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source)):
-        model = models.resolve(spec.model.source, spec.model.revision, pull_missing=not dry_run)
-        if model.kind == "hub":  # the commit, not a branch that moves (fleetllm.hub_revision)
-            from fleetllm.hub_revision import pin_revision
-
-            model = pin_revision(model, spec.model.revision or spec.model.engine_kwargs.get("revision"))
-    else:
-        model = models.ResolvedModel(spec.model.source, "embedded",
-                                     str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+    model = _planned_model(spec, engine)
     if hf_input.is_hf(spec.input):
         shards = hf_input.plan(spec.input, spec.output.shard_rows)
     else:
@@ -206,13 +201,13 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     if not hf_input.is_hf(spec.input):  # a dataset's Arrow/parquet files are typed already
         columns, planned_now, key = _file_columns(spec, files)
     check_template_renders(spec, columns, peeked)
-    engine_kwargs = _replica_engine_kwargs(spec, replica_plan, model, dry_run)
+    engine_kwargs = _replica_engine_kwargs(spec, replica_plan, model)
     grouping = decide_grouping(spec, task, preprocess, shards, columns)
-    prompt_parts = _prompt_parts(spec, task)
+    prompt = prompt_parts(spec, task)
     parts = fingerprint_parts(
         model=model, engine=engine, engine_kwargs=engine_kwargs,
         sampling=spec.sampling.as_params() if task == "generate" else {},
-        prompt={**prompt_parts, **({"input_columns": spec.input.columns} if spec.input.columns else {})},
+        prompt={**prompt, **({"input_columns": spec.input.columns} if spec.input.columns else {})},
         chat_template_kwargs=spec.model.chat_template_kwargs, output_format=spec.output.format,
         preprocess=preprocess)
     if grouping.on:  # only then: fingerprints of ungrouped jobs stay as they were
@@ -223,25 +218,34 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     out = OutputFolder(spec.output.path, spec.output.format)
     identities = {} if hf_input.is_hf(spec.input) else {f.rel: f.identity for f in files}
     changed = content_id.changed_files(content_id.recorded(spec.output.path), identities)
-    if dry_run:
-        existing = out.read_job()
-        same = existing is not None and existing.get("fingerprint") == fp
-        pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
-    else:  # the caller holds the folder's lock (run_job)
-        out.prepare(fp, parts, overwrite)
-        if planned_now:
-            record_columns(spec.output.path, key, columns)
-        if identities:
-            content_id.record(spec.output.path, identities)
-        if grouping.on:
-            shards = grouped_shards(spec, shards, grouping, prompt_parts)
-        pending, committed = out.pending(shards, fp)
-        out.discard_others(committed)  # other plans' shards are never read back mixed in
+    existing = out.read_job()  # what a run would resume (prepare reads it again under the lock)
+    same = existing is not None and existing.get("fingerprint") == fp
+    pending, committed = (out.pending(shards, fp) if same and not overwrite else (shards, {}))
     rows_per_call = sizing.rows_per_call(engine, spec.compute, spec.output.shard_rows)
     in_flight = batches_in_flight(engine, rows_per_call, spec.compute.batches_in_flight)
     return JobPlan(spec, engine, reason, model, shards, pending, committed, fp, parts, engine_kwargs,
                    replica_plan, in_flight, sized_for, rows_per_call, task, embedding_dims, columns, grouping,
-                   changed)
+                   changed, overwrite=overwrite, column_record=(key, columns) if planned_now else None,
+                   input_identities=identities)
+
+
+def _planned_model(spec: JobSpec, engine: str):
+    """The model the plan identifies the job by (models.ResolvedModel), looked up, never pulled: an endpoint's
+    served id; a hub id pinned to its commit (fleetllm.hub_revision); an embedded model not pulled yet, the
+    folder it will be pulled to (fetch_models pulls it before a run plans)."""
+    from fleetllm import models
+
+    if capabilities(engine).is_endpoint:  # a model behind an endpoint: nothing to look up or pull
+        return models.served(spec.model.source)
+    if spec.model.source in models.EMBEDDED and not models.is_cached(spec.model.source):
+        return models.ResolvedModel(spec.model.source, "embedded",
+                                    str(models.cache_dir(spec.model.source)) + " (pulled on first run)")
+    model = models.resolve(spec.model.source, spec.model.revision, pull_missing=False)
+    if model.kind == "hub":  # the commit, not a branch that moves (fleetllm.hub_revision)
+        from fleetllm.hub_revision import pin_revision
+
+        model = pin_revision(model, spec.model.revision or spec.model.engine_kwargs.get("revision"))
+    return model
 
 
 def _file_columns(spec: JobSpec, files) -> tuple[Any, bool, str]:
@@ -256,7 +260,7 @@ def _file_columns(spec: JobSpec, files) -> tuple[Any, bool, str]:
     return columns, planned_now, key
 
 
-def _replica_engine_kwargs(spec: JobSpec, replica_plan, model, dry_run: bool) -> dict[str, Any]:
+def _replica_engine_kwargs(spec: JobSpec, replica_plan, model) -> dict[str, Any]:
     """The engine's keyword arguments for each replica: sizing's, the pinned hub revision, the LoRA adapters
     resolved to local folders."""
     engine_kwargs = sizing.engine_kwargs_for(replica_plan, spec.model.engine_kwargs)
@@ -265,21 +269,21 @@ def _replica_engine_kwargs(spec: JobSpec, replica_plan, model, dry_run: bool) ->
     if spec.model.lora_adapters:  # resolved to local folders; the engine loads them (and they fingerprint the job)
         from fleetllm import adapters
 
-        # a dry run fetches nothing, but resolves local folders as the run does (the same fingerprint)
-        engine_kwargs["lora_adapters"] = adapters.resolve_all(spec.model.lora_adapters, fetch=not dry_run)
+        # nothing fetched here (fetch_models did, before a run): local folders and fetched copies, as the run has them
+        engine_kwargs["lora_adapters"] = adapters.resolve_all(spec.model.lora_adapters, fetch=False)
     return engine_kwargs
 
 
-def _prompt_parts(spec: JobSpec, task: str) -> dict[str, Any]:
+def prompt_parts(spec: JobSpec, task: str) -> dict[str, Any]:
     """The prompt's part of the fingerprint (and of the prefix groups)."""
-    prompt_parts = {"system": spec.prompt.system, "template": spec.prompt.template,
-                    "input_format": spec.input.format, "id_column": spec.input.id_column}
+    parts = {"system": spec.prompt.system, "template": spec.prompt.template,
+             "input_format": spec.input.format, "id_column": spec.input.id_column}
     if task == "embed":  # only then: fingerprints of generate jobs stay as they were
-        prompt_parts["task"] = "embed"
+        parts["task"] = "embed"
     for name, value in (("image_column", spec.prompt.image_column), ("adapter_column", spec.model.adapter_column)):
         if value:  # only when set: fingerprints of other jobs stay as they were
-            prompt_parts[name] = value
-    return prompt_parts
+            parts[name] = value
+    return parts
 
 
 def decide_grouping(spec: JobSpec, task: str, preprocess: Callable | None, shards: list[Shard], columns: Any = None):
@@ -324,16 +328,6 @@ def grouping_readers(spec: JobSpec) -> tuple[Callable, Callable]:
 
         return read, OpenAIBatchPreprocessor({})  # generate lines: embed jobs are never grouped
     return read, TemplatePreprocessor(spec.prompt.system, spec.prompt.template, spec.input.id_column)
-
-
-def grouped_shards(spec: JobSpec, shards: list[Shard], grouping, prompt_parts: dict) -> list[Shard]:
-    """The shards of the grouped input files (written once into the output folder; fleetllm.batch.prefix)."""
-    from fleetllm.batch import prefix
-
-    read, pre = grouping_readers(spec)
-    gid = prefix.grouping_id(shards, spec.output.shard_rows, grouping, prompt_parts)
-    files = prefix.group_input(shards, read, pre, grouping, spec.output.shard_rows, spec.output.path, gid)
-    return plan_shards(files, spec.output.shard_rows)
 
 
 def job_task(spec: JobSpec, model: Any, engine: str) -> tuple[str, int | None]:

@@ -1,6 +1,7 @@
-"""`fleetllm run`: plan, stream the shards through engine replicas, assemble and commit, report.
+"""`fleetllm run`: plan, prepare, stream the shards through engine replicas, assemble and commit, report.
 
-    plan_job (fleetllm.batch.job_plan: engine, replicas, shards, what is committed already)
+    fetch_models -> plan_job (fleetllm.batch.job_plan, pure: engine, replicas, shards, what is committed
+    already) -> prepare (the output folder's records, under its lock; `--dry-run` stops before it)
     -> run the pending shards: on Ray Data (fleetllm.batch.stream), or for a local job of one replica
        in this process without Ray (fleetllm.batch.local_run: its engine starts while the first
        shards are read and tokenized); both hand each complete shard back to this driver
@@ -27,6 +28,7 @@ from fleetllm.batch.commit import OutputFolder
 from fleetllm.batch.estimate_job import apply_deadline, estimate_plan, job_shape
 from fleetllm.batch.estimate_live import RunEstimate
 from fleetllm.batch.job_plan import JobPlan, plan_job
+from fleetllm.batch.job_prepare import fetch_models, prepare
 from fleetllm.batch.job_report import make_report
 from fleetllm.batch.plan import Shard
 from fleetllm.batch.progress import JobProgress
@@ -140,7 +142,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     from fleetllm.batch import local_run
 
     in_process = local_run.runs_in_process(spec)
-    plan = _plan_where_it_runs(spec, in_process, overwrite, console)
+    plan = prepare(_plan_where_it_runs(spec, in_process, overwrite, console))  # the folder's records written
     out = OutputFolder(spec.output.path, spec.output.format)
     if retry_errors is not None:
         rows = reopen_errors(plan, out, retry_errors)
@@ -213,9 +215,10 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 
 def _plan_where_it_runs(spec: JobSpec, in_process: bool, overwrite: bool, console: Console) -> JobPlan:
     """The job's plan, sized to where it runs: this process (one local replica, no Ray) or the Ray cluster,
-    connected (or a local Ray started) and waited for (compute.wait_for) first."""
+    connected (or a local Ray started) and waited for (compute.wait_for) first; its models fetched first."""
     from fleetllm.batch import local_run
 
+    fetch_models(spec)
     if in_process:  # one local replica: no Ray (fleetllm.batch.local_run)
         return plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
     # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
@@ -277,7 +280,7 @@ def _dry_run(spec: JobSpec, *, overwrite: bool, console: Console, as_json: bool)
     address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
         init_ray(address)
-    plan = plan_job(spec, overwrite=overwrite, dry_run=True, resources=sizing.cluster_resources() if address else None)
+    plan = plan_job(spec, overwrite=overwrite, resources=sizing.cluster_resources() if address else None)
     shape = job_shape(plan) if plan.task == "generate" else None
     deadline = apply_deadline(plan, shape)
     est = estimate_plan(plan, shape) if shape is not None else None

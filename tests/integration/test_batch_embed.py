@@ -55,10 +55,10 @@ def test_embed_job_is_checked_before_it_runs(embedding_model, tmp_path):
     from fleetllm.batch.job_plan import plan_job
 
     with pytest.raises(PlanError, match="embedding model.*task: embed"):
-        plan_job(spec, dry_run=True)
+        plan_job(spec)
     bare = spec_for("all-minilm-l6-v2", tmp_path, prompt={})
     with pytest.raises(InputError, match="`text` or `prompt` column"):
-        plan_job(bare, dry_run=True)
+        plan_job(bare)
 
 
 def batch_line(i, url, body):
@@ -103,4 +103,4 @@ def test_a_file_mixing_embeddings_and_chat_lines_is_refused(embedding_model, tmp
     from fleetllm.batch.job_plan import plan_job
 
     with pytest.raises(InputError, match="mixes embeddings and generation lines.*line 1.*line 2"):
-        plan_job(spec, dry_run=True)
+        plan_job(spec)

@@ -81,7 +81,7 @@ def test_dry_run_json_counts_prompt_tokens_and_says_no_profile(home, tmp_path, t
     assert est["prompt_tokens"] == expected and est["prompt_tokens_how"].startswith("counted")
     assert est["output_tokens"] == 24 * 8 and est["range"]["output_tokens"] == [24 * 2, 24 * 8]
 
-    plan = plan_job(JobSpec.model_validate(job), dry_run=True)
+    plan = plan_job(JobSpec.model_validate(job))
     synthetic_profile(plan, 0.002)
     est = dry_run_json(path, capsys)["estimate"]
     assert est["wall_s"] > 5.0 and est["range"]["wall_s"][0] < est["wall_s"] < est["range"]["wall_s"][1]
@@ -91,7 +91,7 @@ def test_dry_run_json_counts_prompt_tokens_and_says_no_profile(home, tmp_path, t
 def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, tiny_model):
     _, job = write_job(tmp_path, tiny_model, rows=400, replicas="auto", cpus_per_replica=1)
     spec = JobSpec.model_validate({**job, "compute": {**job["compute"], "deadline": "10h"}})
-    plan = plan_job(spec, dry_run=True, resources={"CPU": 8})
+    plan = plan_job(spec, resources={"CPU": 8})
     synthetic_profile(plan, 0.05)  # 400 rows x 8 steps x 4-row calls: minutes on one replica
     shape = job_shape(plan)
     with pytest.raises(PlanError, match="needs a throughput profile"):
@@ -100,11 +100,11 @@ def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, 
     synthetic_profile(plan, 0.05)
     assert apply_deadline(plan, shape)["replicas"] == 1 and plan.replicas == 1  # 10h: one is enough
     spec.compute.deadline = "60s"
-    plan = plan_job(spec, dry_run=True, resources={"CPU": 8})
+    plan = plan_job(spec, resources={"CPU": 8})
     chosen = apply_deadline(plan, shape)
     assert 1 < chosen["replicas"] < 8 and plan.replicas == chosen["replicas"]
     assert any("deadline 60s" in line for line in plan.describe())
-    plan = plan_job(spec, dry_run=True, resources={"CPU": 2})
+    plan = plan_job(spec, resources={"CPU": 2})
     with pytest.raises(DeadlineError, match=r"cannot be met: 1m00s left, and with the most replicas the cluster "
                                             r"allows \(2\).*meeting it needs \d+ replicas"):
         apply_deadline(plan, shape)

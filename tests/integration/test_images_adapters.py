@@ -83,7 +83,7 @@ def test_image_rows_count_image_tokens_and_bad_images_fail_alone(tiny_vlm, tmp_p
     from fleetllm.batch.estimate_probe import call_table, probe_rows
     from fleetllm.batch.job_plan import plan_job
 
-    probed = call_table(plan_job(spec, dry_run=True), probe_rows(plan_job(spec, dry_run=True), 4), None).to_pylist()
+    probed = call_table(plan_job(spec), probe_rows(plan_job(spec), 4), None).to_pylist()
     assert probed[0]["_images"] == [red] and probed[1]["_images"] is None and "not an image" in probed[3]["error"]
 
     # the same image as an image_url part of the row's own messages (a data: URL) gives the same output
@@ -110,7 +110,7 @@ def test_mixed_adapters_match_each_adapter_alone(embedded_model, adapters, tmp_p
     mixed = read_output(run_job(spec) and spec.output.path)
     from fleetllm.batch.job_plan import plan_job
 
-    assert plan_job(spec, dry_run=True).pending == []  # a dry run resolves the adapter folders as the run did
+    assert plan_job(spec).pending == []  # a dry run resolves the adapter folders as the run did
     assert "'nope'" in mixed["unknown"]["error"] and "model.lora_adapters" in mixed["unknown"]["error"]
     texts = {}
     for name in names:  # the same rows in a job of that adapter alone (base: a job without adapters)

@@ -131,8 +131,8 @@ def test_a_timestamp_column_is_refused_by_on_and_keeps_auto_off(tiny_model, tmp_
             "compute": {"replicas": 1, "prefix_grouping": grouping}})
 
     with pytest.raises(PlanError, match="'at'.*timestamp.*prefix_grouping: off"):
-        plan_job(spec("on"), dry_run=True)
-    plan = plan_job(spec("auto"), dry_run=True)
+        plan_job(spec("on"))
+    plan = plan_job(spec("auto"))
     assert not plan.grouped and "'at'" in plan.grouping.reason
     assert not (tmp_path / "out-auto").exists() and not (tmp_path / "out-on").exists()
 
@@ -160,7 +160,7 @@ def test_openai_batch_job_groups_its_lines_and_answers_each_custom_id_once(tiny_
         return [json.loads(x) for x in (tmp_path / out / "output.jsonl").read_text().splitlines()]
 
     grouped = spec("grouped")
-    plan = plan_job(grouped, dry_run=True)
+    plan = plan_job(grouped)
     assert plan.grouped and plan.grouping.reason.startswith("auto: "), plan.grouping.reason
     report = run_job(grouped)
     assert report["prefix_grouping"]["on"] and report["rows"] == len(lines)

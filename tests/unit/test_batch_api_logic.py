@@ -139,7 +139,7 @@ def test_a_batchs_job_groups_lines_sharing_a_prefix_and_never_embeddings(tmp_pat
         batch = batch_object(f"batch_{len(store.files())}", up["id"], endpoint, "24h", None)
         spec = job_spec(store, batch, "http://127.0.0.1:9/v1", "m", 16, 8)
         assert spec.compute.prefix_grouping == "auto"
-        return plan_job(spec, dry_run=True)  # decides the grouping from the lines; writes nothing
+        return plan_job(spec)  # decides the grouping from the lines; writes nothing
 
     plan = planned(document_lines(70, 4), "/v1/chat/completions")  # 280 lines, each document asked 4 times
     assert plan.grouped and "grouping   auto: " in "\n".join(plan.describe())

@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import os
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +15,7 @@ import pytest
 
 from fleetllm.batch import io as bio
 from fleetllm.batch.job_plan import plan_job
+from fleetllm.batch.job_prepare import prepare
 from fleetllm.batch.plan import plan_shards
 from fleetllm.errors import FleetError, InputError
 from fleetllm.spec import JobSpec
@@ -84,13 +86,27 @@ def test_the_plan_names_the_files_whose_content_changed(tmp_path):
     src.mkdir()
     for name in ("a", "b"):
         (src / f"{name}.jsonl").write_text(lines({"instruction": f"{name}{i}"} for i in range(3)))
-    assert plan_job(job(tmp_path, src)).changed_files == []
+    assert prepare(plan_job(job(tmp_path, src))).changed_files == []  # prepare records the files' identities
     stat = (src / "b.jsonl").stat()
     (src / "b.jsonl").write_text(lines({"instruction": f"B{i}"} for i in range(3)))
     os.utime(src / "b.jsonl", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     plan = plan_job(job(tmp_path, src))
     assert plan.changed_files == ["b.jsonl"]
     assert any("b.jsonl" in line and "changed" in line for line in plan.describe())
+
+
+def test_plan_job_writes_nothing_and_prepare_writes_the_records(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(lines({"instruction": f"q{i}"} for i in range(5)))
+    spec = job(tmp_path, src)
+    out = Path(spec.output.path)
+    plan = plan_job(spec)
+    assert not out.exists() and plan.pending == plan.shards and plan.committed == {}  # pure: nothing written
+    assert plan_job(spec).fingerprint == plan.fingerprint
+    prepared = prepare(plan)
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written and all(p.startswith("_fleetllm/") for p in written), written  # only fleetllm's records
+    assert prepared.pending == plan.shards and prepared.fingerprint == plan.fingerprint
 
 
 # --- discovery, unreadable and compressed files ---------------------------------------------------
@@ -155,13 +171,12 @@ def test_columns_named_like_output_or_internal_columns_are_kept_renamed(tmp_path
 def test_a_template_naming_a_renamed_column_is_refused_with_its_new_name(tmp_path):
     (tmp_path / "in.jsonl").write_text(lines([{"generated_text": "a summary", "row_id": "x"}]))
     with pytest.raises(InputError, match="'generated_text' is a column fleetllm writes.*'input_generated_text'"):
-        plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "Shorter: {generated_text}"}),
-                 dry_run=True)
+        plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "Shorter: {generated_text}"}))
     with pytest.raises(InputError, match="read as 'input_row_id'"):
         plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{input_generated_text}"},
-                     input={"id_column": "row_id"}), dry_run=True)
+                     input={"id_column": "row_id"}))
     plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{input_generated_text}"},
-                 input={"id_column": "input_row_id"}), dry_run=True)
+                 input={"id_column": "input_row_id"}))
 
 
 # --- duplicates ----------------------------------------------------------------------------------
@@ -170,10 +185,10 @@ def test_duplicate_ids_are_refused_at_plan_time_naming_them(tmp_path):
     (tmp_path / "a.jsonl").write_text(lines({"id": i % 4, "instruction": "q"} for i in range(7)))
     with pytest.raises(InputError, match=r"input.id_column 'id' is not unique: '0' \(2 rows\), '1' \(2 rows\), "
                                          r"'2' \(2 rows\);"):
-        plan_job(job(tmp_path, tmp_path / "a.jsonl", input={"id_column": "id"}), dry_run=True)
+        plan_job(job(tmp_path, tmp_path / "a.jsonl", input={"id_column": "id"}))
     pq.write_table(pa.table({"id": ["x", "y", "x"], "instruction": ["a", "b", "c"]}), tmp_path / "b.parquet")
     with pytest.raises(InputError, match=r"'x' \(2 rows\)"):
-        plan_job(job(tmp_path, tmp_path / "b.parquet", input={"id_column": "id"}), dry_run=True)
+        plan_job(job(tmp_path, tmp_path / "b.parquet", input={"id_column": "id"}))
 
 
 def test_duplicate_custom_ids_in_an_openai_batch_file_are_refused(tmp_path):
@@ -181,7 +196,7 @@ def test_duplicate_custom_ids_in_an_openai_batch_file_are_refused(tmp_path):
     (tmp_path / "batch.jsonl").write_text(lines({**line, "custom_id": f"req-{i % 2}"} for i in range(3)))
     spec = job(tmp_path, tmp_path / "batch.jsonl", input={"format": "openai_batch"}, prompt={"template": None})
     with pytest.raises(InputError, match=r"custom_id .* not unique: 'req-0' \(2 rows\)"):
-        plan_job(spec, dry_run=True)
+        plan_job(spec)
 
 
 def test_a_csv_with_a_duplicate_header_is_refused(tmp_path):
@@ -208,6 +223,5 @@ def test_templates_may_only_name_columns(tmp_path, template, message):
 def test_a_format_spec_that_cannot_render_its_column_is_a_plan_error(tmp_path):
     (tmp_path / "in.jsonl").write_text(lines([{"instruction": "q", "n": 3, "x": 1.5}]))
     with pytest.raises(FleetError, match=r"prompt.template '\{instruction:d\}'.*cannot render column 'instruction'"):
-        plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{instruction:d}"}), dry_run=True)
-    plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{n:03d} {x:.2f} {instruction:>8} {instruction!r}"}),
-             dry_run=True)
+        plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{instruction:d}"}))
+    plan_job(job(tmp_path, tmp_path / "in.jsonl", prompt={"template": "{n:03d} {x:.2f} {instruction:>8} {instruction!r}"}))

@@ -222,7 +222,8 @@ def test_openai_batch_lines_key_on_their_messages_in_order_or_their_prompt():
 
 
 def test_openai_batch_input_is_grouped_keeping_every_field_of_each_line(tmp_path):
-    from fleetllm.batch.job_plan import decide_grouping, grouped_shards
+    from fleetllm.batch.job_plan import decide_grouping
+    from fleetllm.batch.job_prepare import grouped_shards
     from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
     from fleetllm.spec import JobSpec
 

@@ -170,8 +170,9 @@ class SamplingSpec(StrictModel):
         return params
 
     def request_params(self, engine: str | None = None) -> dict[str, Any]:
-        """The per-row `sampling_params` dict the engines read: max_tokens only when set (a set value must
-        fit the context; left out, the local engines cap their default to it). Engine openai always gets it."""
+        """The job's request sampling, handed once to each replica (JobPlan.request_sampling -> EngineStage) and
+        the defaults of a Batch line's body: max_tokens only when set (a set value must fit the context; left
+        out, the local engines cap their default to it). Engine openai always gets it."""
         params = self.as_params()
         if "max_tokens" not in self.model_fields_set and not declared(engine).is_endpoint:
             params.pop("max_tokens")

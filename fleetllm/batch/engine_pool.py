@@ -55,18 +55,29 @@ class EnginePool:
         return tokenize_stage_kwargs(self.engine, self.model_path, self.engine_kwargs, self.chat_template_kwargs,
                                      batch_size)
 
-    def apply(self, ds, tokenize_batch_size: int | None = None):
-        """ds -> (the tokenize stage, for engines that take token ids) -> the replicas. tokenize_batch_size:
-        rows per tokenize task (None: a whole block)."""
-        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+    def table_stages(self, batch_size: int | None = None) -> list[tuple[Any, dict[str, Any]]]:
+        """The stages between the prepared rows and the replicas, in order, as (fn, map_batches kwargs; the
+        fn takes a pyarrow table and `kwargs["fn_kwargs"]`): the images fetched and decoded off the engine's
+        path (a model that reads images), then the chat template and tokenization (an engine that takes token
+        ids). batch_size: rows per task (None: a whole block). Run by the Ray Data stream (`apply`) and by a
+        local run (fleetllm.batch.pipeline.Stages.prepared_table)."""
+        stages: list[tuple[Any, dict[str, Any]]] = []
+        if self.images is not None and self.task == "generate":
+            from fleetllm.batch.image_stage import add_images, image_stage_kwargs
 
-        from fleetllm.batch.image_stage import add_images, image_stage_kwargs
-
-        if self.images is not None and self.task == "generate":  # images fetched ahead of the replicas
-            ds = ds.map_batches(add_images, **image_stage_kwargs(self.images, tokenize_batch_size))
-        tokenize = self.tokenize_stage_kwargs(tokenize_batch_size)
+            stages.append((add_images, image_stage_kwargs(self.images, batch_size)))
+        tokenize = self.tokenize_stage_kwargs(batch_size)
         if tokenize is not None:
-            ds = ds.map_batches(add_prompt_token_ids, **tokenize)
+            from fleetllm.batch.tokenize_stage import add_prompt_token_ids
+
+            stages.append((add_prompt_token_ids, tokenize))
+        return stages
+
+    def apply(self, ds, tokenize_batch_size: int | None = None):
+        """ds -> the table stages -> the replicas, on Ray Data. tokenize_batch_size: rows per table-stage task
+        (None: a whole block)."""
+        for fn, kwargs in self.table_stages(tokenize_batch_size):
+            ds = ds.map_batches(fn, **kwargs)
         return ds.map_batches(self.stage_class(), **self.map_batches_kwargs())
 
     def stage_class(self) -> type:

@@ -67,16 +67,8 @@ def call_table(plan, rows: list[dict], cap: int | None):
     rows = [{**r, "sampling_params": json.dumps({**sampling_of(r, plan), **({"max_tokens": cap} if cap else {})})}
             for r in rows]
     table = table_from_rows(rows)
-    pool = engine_pool(plan)
-    if pool.images is not None:  # a VLM's rows: their images fetched as the job's image stage does
-        from fleetllm.batch.image_stage import add_images
-
-        table = add_images(table, pool.images)
-    tokenize = pool.tokenize_stage_kwargs()
-    if tokenize is not None:
-        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
-
-        table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
+    for fn, kwargs in engine_pool(plan).table_stages():  # the job's own stages before the engine
+        table = fn(table, **kwargs["fn_kwargs"])
     return table
 
 

@@ -105,9 +105,11 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     """Run every pending shard through one in-process engine; `on_shard(shard, table)` commits each in
     this thread as it completes. Returns the engine's timestamps (ready, first call, last call done)."""
     from fleetllm.batch.job_plan import engine_pool
+    from fleetllm.batch.pipeline import job_stages
     from fleetllm.engines.capabilities import capabilities
 
     pool = engine_pool(plan)
+    stages = job_stages(plan, preprocessor, pool)  # the stages the Ray Data stream runs, run here
     forks_core = capabilities(plan.engine).forks_engine_core
     if forks_core:  # a plain process may fork vLLM's engine core (no second import of vLLM)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
@@ -139,7 +141,7 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
 
     def shard_table(shard) -> Any:
         wait_for_engine_core()
-        table = _prepared_table(shard, plan, preprocessor, pool, tokenize)
+        table = stages.prepared_table(shard)
         return _call_engine(starter.stage(), table, plan.rows_per_call, one_at_a_time)
 
     ahead = plan.in_flight + 1  # calls in flight, and one shard read and prepared ahead
@@ -166,26 +168,6 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
     finally:
         starter.close()
     return times
-
-
-def _prepared_table(shard, plan, preprocessor, pool, tokenize: dict[str, Any] | None) -> Any:
-    """A shard's rows read and preprocessed into one table, images fetched and prompts tokenized when the
-    pool's stages do (as the Ray Data stream's stages before the engine)."""
-    from fleetllm.batch.stages import table_from_rows
-    from fleetllm.batch.stream import read_shard_rows
-
-    read = read_shard_rows(shard.to_dict(), plan.read_format, plan.columns, plan.spec.input.columns)
-    rows = [preprocessor(r) for r in read]
-    table = table_from_rows(rows)  # an error row first must not drop the other rows' columns
-    if pool.images is not None and pool.task == "generate":  # images fetched here, off the engine's path
-        from fleetllm.batch.image_stage import add_images
-
-        table = add_images(table, pool.images)
-    if tokenize is not None:
-        from fleetllm.batch.tokenize_stage import add_prompt_token_ids
-
-        table = add_prompt_token_ids(table, **tokenize["fn_kwargs"])
-    return table
 
 
 def _call_engine(stage, table, rows_per_call: int, one_at_a_time: threading.Lock | None) -> Any:

@@ -3,7 +3,9 @@
 completion for the driver to assemble into shards and commit.
 
     from_items(shards) -> flat_map(read_shard_rows) -> map(preprocess)
-        -> [vllm: map_batches(add_prompt_token_ids)] -> map_batches(EngineStage, replicas)
+        -> map_batches(each table stage: images, tokenize) -> map_batches(EngineStage, replicas)
+
+the stages of fleetllm.batch.pipeline, run by Ray Data.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from rich.console import Console
 from fleetllm import sizing
 from fleetllm.batch.assemble import ShardAssembler
 from fleetllm.batch.job_plan import JobPlan, engine_pool
-from fleetllm.batch.shard_rows import read_shard_rows
 from fleetllm.spec import JobSpec
 
 
@@ -84,16 +85,19 @@ def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
 def _shard_stream(plan: JobPlan, preprocessor: Callable[[dict], dict], shards: list, pool):
     import ray
 
-    spec = plan.spec
+    from fleetllm.batch.pipeline import job_stages
+
+    stages = job_stages(plan, preprocessor, pool)
     items = [s.to_dict() for s in shards]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.flat_map(read_shard_rows, fn_kwargs={"declared": plan.read_format, "columns": plan.columns,
-                                                  "keep": spec.input.columns}, num_cpus=0.25)
-    ds = ds.map(preprocessor, num_cpus=0.25)
+    ds = ds.flat_map(stages.read, fn_kwargs=stages.read_kwargs, num_cpus=0.25)
+    ds = ds.map(stages.preprocess, num_cpus=0.25)
     # vLLM: chat template + tokenization in tasks here (a whole shard each), off the replicas' critical
     # path. Ray Data gives actor pools max_restarts=-1 and max_task_retries=-1: a crashed replica is
     # restarted and its in-flight batch redone; the assembler drops any re-emitted duplicate.
-    return pool.apply(ds)
+    for fn, kwargs in stages.tables:
+        ds = ds.map_batches(fn, **kwargs)
+    return ds.map_batches(pool.stage_class(), **pool.map_batches_kwargs())
 
 
 def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Callable) -> dict[str, float]:

@@ -64,7 +64,7 @@ def measure(spec_dict: dict) -> dict:
     import gc
     import tracemalloc
 
-    from fleetllm.batch import io as bio
+    from fleetllm.batch import input_files as bio
     from fleetllm.batch.commit import OutputFolder
     from fleetllm.batch.plan import plan_shards
     from fleetllm.batch.job_prepare import plan_and_prepare

@@ -27,7 +27,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import content_id, io as input_files
+from fleetllm.batch import content_id, input_files
 from fleetllm.batch.input_names import kept_name, rename_table
 from fleetllm.batch.plan import Shard
 from fleetllm.errors import InputError

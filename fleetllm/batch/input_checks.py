@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import io as input_files
+from fleetllm.batch import input_files
 from fleetllm.batch.discovery import open_input
 from fleetllm.batch.input_names import kept_name
 from fleetllm.batch.plan import InputFile

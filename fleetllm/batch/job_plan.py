@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fleetllm import sizing
-from fleetllm.batch import content_id, hf_input, io as input_files
+from fleetllm.batch import content_id, hf_input, input_files
 from fleetllm.batch.columns import describe as describe_columns, input_key as columns_key
 from fleetllm.batch.columns import recorded as recorded_columns
 from fleetllm.batch.commit import ManifestEntry, OutputFolder

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from fleetllm.batch import ray_names
+from fleetllm.batch.stages import OUTPUT_COLUMNS as STAGE_OUTPUT_COLUMNS
 
 if TYPE_CHECKING:
     from fleetllm.batch.engine_pool import EnginePool
 
 Row = dict[str, Any]
 TOKENIZE_BATCH_ROWS = 1024  # rows per tokenization task (the dataset's blocks may be any size)
-OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error", "attempts")
+OUTPUT_COLUMNS = (*STAGE_OUTPUT_COLUMNS, "attempts")  # the engine stage's, and the attempts each row took
 
 
 class _ProcessorConfig(ray_names.RayProcessorFields):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleetllm.batch import hf_input, io as input_files
+from fleetllm.batch import hf_input, input_files
 from fleetllm.batch.columns import conform_row
 from fleetllm.batch.plan import Shard
 

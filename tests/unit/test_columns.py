@@ -5,7 +5,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import io as bio
+from fleetllm.batch import input_files as bio
 from fleetllm.batch.columns import CHUNK, ColumnPlanner, conform_row, conform_table, unify
 from fleetllm.batch.plan import plan_shards
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetllm.batch import io as bio
+from fleetllm.batch import input_files as bio
 from fleetllm.batch.job_plan import plan_job
 from fleetllm.batch.job_prepare import prepare
 from fleetllm.batch.plan import plan_shards

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from fleetllm.batch import prefix
-from fleetllm.batch.io import GROUPED_FORMAT, describe_files
+from fleetllm.batch.input_files import GROUPED_FORMAT, describe_files
 from fleetllm.batch.plan import plan_shards
 from fleetllm.batch.stages import TemplatePreprocessor
 from fleetllm.batch.shard_rows import read_shard_rows

@@ -20,7 +20,7 @@ from fleetllm.engines.fields import FieldError, check_prompt_ids
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
 from fleetllm.serve.echo import echo_item
 from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
-from fleetllm.serve.protocol import APIError, overloaded
+from fleetllm.engines.openai_api.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
 # How often one request's deltas are sent: every message costs CPU in the replica, the ingress, the HTTP

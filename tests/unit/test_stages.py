@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor, batch_line
+from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+from fleetllm.engines.openai_api.batch_lines import batch_line
 from fleetllm.batch.stages import TemplatePreprocessor, generate_with_retries
 from fleetllm.engines.base import Completion, GenerationRequest, GenerationResult
 

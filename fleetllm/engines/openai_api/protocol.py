@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleetllm.engines.openai_logprobs import chat_logprobs, completion_logprobs  # noqa: F401 - the API's shapes
+from fleetllm.engines.openai_api.logprobs import chat_logprobs, completion_logprobs  # noqa: F401 - the API's shapes
 from fleetllm.errors import validation_problems
 
 

@@ -1,5 +1,5 @@
 """Engine logprob entries ({token, logprob, top_logprobs}) in OpenAI's response shapes: what the server
-answers and what an OpenAI Batch output line holds (fleetllm.serve.protocol, fleetllm.batch.openai_batch)."""
+answers and what an OpenAI Batch output line holds (fleetllm.engines.openai_api: protocol, batch_lines)."""
 
 from __future__ import annotations
 

@@ -103,8 +103,7 @@ def run(args) -> dict:
               "lora_adapters": adapters}
     if args.max_loras:
         kwargs["max_loras"] = args.max_loras
-    engine = VLLMEngine(folder, engine_kwargs=kwargs)
-    engine.rows_in_flight = args.rows  # as the batch pipeline sizes it for a job of this many rows in flight
+    engine = VLLMEngine(folder, engine_kwargs=kwargs, rows_in_flight=args.rows)  # as a job's replica is sized
     t0 = time.time()
     engine.start()
     start_s = time.time() - t0

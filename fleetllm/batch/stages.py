@@ -316,9 +316,7 @@ class EngineStage:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.max_retries = max_retries
         self.engine = create_engine(engine_name, model_path, engine_kwargs=engine_kwargs,
-                                    chat_template_kwargs=self.chat_template_kwargs)
-        if rows_in_flight and hasattr(self.engine, "rows_in_flight"):  # vLLM sizes itself to the job
-            self.engine.rows_in_flight = rows_in_flight
+                                    chat_template_kwargs=self.chat_template_kwargs, rows_in_flight=rows_in_flight)
         self.engine.start()
         if self.engine.retries_requests:
             self.max_retries = 0  # the engine retries each request itself; no second budget on top

@@ -88,9 +88,7 @@ class ModelServer:
             if can.priority_scheduling and self.task == "generate":  # interactive requests before Batch API rows
                 kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
-                                   chat_template_kwargs=config.chat_template_kwargs)
-            if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
-                engine.usage_context = "OPENAI_API_SERVER"
+                                   chat_template_kwargs=config.chat_template_kwargs, workload="serve")
             engine.start()
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]

@@ -28,7 +28,7 @@ class GenerationRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""
-    # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.tokenize_stage); engines
+    # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.execution.tokenize_stage); engines
     # that take token ids (`Engine.takes_token_ids`) use it instead of building the prompt again.
     prompt_token_ids: list[int] | None = None
     # At most one structured-output constraint (fleetllm.structured). `response_format` or

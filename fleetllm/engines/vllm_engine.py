@@ -112,7 +112,7 @@ class VLLMEngine(VLLMRequests, Engine):
     def start(self) -> None:
         # Spawn, not fork: this process already runs threads (our loop, Ray's, Ray Data's); vLLM
         # forces spawn in Ray actors anyway. Every entry point (pytest, Ray workers, the fleetllm CLI)
-        # guards its main module, which spawn needs. The in-process batch run (fleetllm.batch.local_run)
+        # guards its main module, which spawn needs. The in-process batch run (fleetllm.batch.execution.local_run)
         # sets fork before this, as a plain vLLM script does: the engine core then skips importing vLLM again.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         import dataclasses

@@ -1,13 +1,13 @@
-"""The job's stages are defined once (fleetllm.batch.pipeline) and the in-process executor runs exactly them."""
+"""The job's stages are defined once (fleetllm.batch.execution.pipeline) and the in-process executor runs exactly them."""
 
 from __future__ import annotations
 
 import json
 
-from fleetllm.batch.engine_pool import EnginePool
-from fleetllm.batch.image_stage import add_images
-from fleetllm.batch.job_plan import engine_pool, plan_job
-from fleetllm.batch.pipeline import job_stages
+from fleetllm.batch.execution.engine_pool import EnginePool
+from fleetllm.batch.execution.image_stage import add_images
+from fleetllm.batch.planning.job_plan import engine_pool, plan_job
+from fleetllm.batch.execution.pipeline import job_stages
 from fleetllm.batch.runner import make_preprocessor
 from fleetllm.sizing import ReplicaPlan
 from fleetllm.spec import JobSpec

@@ -7,7 +7,7 @@ shapes both share.
     logprobs.py     logprobs objects of chat and completions choices
     batch_lines.py  Batch API lines: the urls, a line's body -> sampling, embeddings inputs, output lines
 
-Used by serving (fleetllm.serve), Batch files (fleetllm.batch.openai_batch) and the Batch API routes; it
+Used by serving (fleetllm.serve), Batch files (fleetllm.batch.inputs.openai_batch) and the Batch API routes; it
 sits in engines/ so the engines' request-field table (fleetllm.engines.fields) checks every body field in
 one place. Imports nothing of batch, serve, query or cluster.
 """

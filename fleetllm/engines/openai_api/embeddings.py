@@ -1,5 +1,5 @@
 """The OpenAI embeddings shape (POST /v1/embeddings), shared by serve (fleetllm.serve.api) and OpenAI
-Batch files (fleetllm.batch.openai_batch): the request, the response, and base64 vectors.
+Batch files (fleetllm.batch.inputs.openai_batch): the request, the response, and base64 vectors.
 
     {"model": "minilm", "input": "text" | ["text", ...] | [token ids] | [[token ids], ...],
      "encoding_format": "float" | "base64", "dimensions": 256, "user": "..."}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,18 +57,44 @@ def tiny_model(tmp_path_factory, embedded_model) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama"))
 
 
-@pytest.fixture(scope="session")
-def ray_local():
-    """One local Ray cluster for the whole session (address='local' never joins a stray cluster)."""
+RAY_TEST_CPUS = 4  # logical CPUs of the tests' local Ray cluster: room for two replicas and their read tasks
+
+
+def ensure_test_ray():
+    """The tests' local Ray cluster (address='local' never joins a stray cluster), started again when an earlier
+    test shut it down or left another one connected: a job that starts Ray itself sizes it to this machine's 2
+    CPUs, where two replicas of one CPU leave nothing to read their shards with (a test hung 900 s so)."""
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) == RAY_TEST_CPUS:
+        return ray
     if ray.is_initialized():
         ray.shutdown()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=RAY_TEST_CPUS, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
-    yield ray
-    ray.shutdown()
+    return ray
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """The tests' local Ray cluster, for a module (its module-scoped fixtures start servers on it)."""
+    yield ensure_test_ray()
+
+
+@pytest.fixture(autouse=True)
+def _ray_local_each_test(request):
+    """Each test that asks for ray_local finds it up, whatever the test before it did (ensure_test_ray)."""
+    if "ray_local" in request.fixturenames:
+        ensure_test_ray()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_down_at_the_end():
+    yield
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
 
 
 # `fleetllm serve` apps that several modules only call: each starts once (a vLLM one costs 60-100 s on

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fleetllm.engines.base import GenerationRequest
 from fleetllm.errors import RowError
@@ -104,3 +104,22 @@ def check_prompt_chars(request: GenerationRequest, context: int, chars_per_token
     if chars > context * chars_per_token:
         raise RowError(f"the prompt is {chars} characters, more than the model's context of {context} tokens "
                        f"can hold (at most {chars_per_token} characters a token): shorten the prompt")
+
+
+def prompt_ids(request: GenerationRequest, tokenize: Callable[[GenerationRequest], list[int]], context: int,
+               chars_per_token: int) -> list[int]:
+    """A request's prompt token ids, the preparation every local engine shares: a prompt too long for the
+    context by its characters alone refused before tokenizing (unless the ids are given), a template or
+    message that fails to render is this row's RowError, an empty prompt refused."""
+    if request.prompt_token_ids is None:
+        check_prompt_chars(request, context, chars_per_token)
+    try:
+        ids = tokenize(request)
+    except RowError:
+        raise
+    except Exception as exc:  # a bad chat template or message shape fails this row only
+        raise RowError(f"could not build the prompt: {exc}") from None
+    if len(ids) == 0:
+        raise RowError("the prompt is empty")
+    return ids
+

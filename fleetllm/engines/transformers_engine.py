@@ -19,7 +19,7 @@ from fleetllm.engines.base import (
     StreamDelta,
 )
 from fleetllm.engines import transformers_vision, vllm_kwargs
-from fleetllm.engines.chat import check_prompt_chars, max_chars_per_token, render_prompt
+from fleetllm.engines.chat import max_chars_per_token, prompt_ids, render_prompt
 from fleetllm.engines.fields import output_budget
 from fleetllm.engines.transformers_adapters import adapter_names, check_adapter
 from fleetllm.errors import EngineError, RowError
@@ -189,16 +189,7 @@ class TransformersEngine(Engine):
         """(prompt ids, checked sampling with max_tokens) for a request; RowError when it cannot be served
         (a refused or out-of-range field, a bad message, a prompt or max_tokens past the context)."""
         sampling = self.check_sampling(request.sampling)
-        if request.prompt_token_ids is None:
-            check_prompt_chars(request, self._max_model_len, self.chars_per_token)
-        try:
-            ids = self.tokenize(request)
-        except RowError:
-            raise
-        except Exception as exc:  # a bad chat template or message shape fails this row only
-            raise RowError(f"could not build the prompt: {exc}") from None
-        if len(ids) == 0:
-            raise RowError("the prompt is empty")
+        ids = prompt_ids(request, self.tokenize, self._max_model_len, self.chars_per_token)
         sampling["max_tokens"] = output_budget(sampling, len(ids), self._max_model_len)
         return ids, sampling
 

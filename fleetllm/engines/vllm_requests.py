@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetllm.engines.base import GenerationRequest, clean_sampling
-from fleetllm.engines.chat import check_prompt_chars, render_prompt
+from fleetllm.engines.chat import prompt_ids, render_prompt
 from fleetllm.engines.fields import output_budget
 from fleetllm.errors import RowError
 from fleetllm.structured import StructuredOutput
@@ -71,16 +71,7 @@ class VLLMRequests:
 
     def _prepare_ids(self, request: GenerationRequest, delta: bool = False) -> tuple[list[int], Any]:
         self.check_sampling({k: to_plain(v) for k, v in clean_sampling(request.sampling).items()})
-        if request.prompt_token_ids is None:
-            check_prompt_chars(request, self._max_model_len, self.chars_per_token)
-        try:
-            ids = self.prompt_token_ids(request)
-        except RowError:
-            raise
-        except Exception as exc:  # a bad chat template or message shape fails this row only
-            raise RowError(f"could not build the prompt: {exc}") from None
-        if not ids:
-            raise RowError("the prompt is empty")
+        ids = prompt_ids(request, self.prompt_token_ids, self._max_model_len, self.chars_per_token)
         if len(ids) + 1 > self._max_model_len:
             raise RowError(f"prompt is {len(ids)} tokens; the model's context is {self._max_model_len} tokens "
                            "(max_model_len): shorten the prompt or raise engine_kwargs.max_model_len")

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from fleetllm.batch.job_prepare import plan_and_prepare
+    from fleetllm.batch.planning.job_prepare import plan_and_prepare
     from fleetllm.spec import JobSpec
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

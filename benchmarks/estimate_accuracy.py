@@ -142,7 +142,7 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
 
 
 def read_report(out: Path) -> dict | None:
-    from fleetllm.batch.commit import read_run_record
+    from fleetllm.batch.output.commit import read_run_record
 
     return read_run_record(str(out)) if out.exists() else None
 

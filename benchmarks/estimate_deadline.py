@@ -31,9 +31,9 @@ def main() -> None:
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fleetllm-deadline-"))
     os.environ["FLEETLLM_HOME"] = str(work / "home")
-    from fleetllm.batch.estimate_job import job_shape, layout, profile_key
-    from fleetllm.batch.estimate_probe import calibrate
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.reports.estimate_job import job_shape, layout, profile_key
+    from fleetllm.batch.reports.estimate_probe import calibrate
+    from fleetllm.batch.planning.job_plan import plan_job
     from fleetllm.batch.runner import run_job
     from fleetllm.errors import PlanError
     from fleetllm.estimate import store

@@ -2,7 +2,7 @@
 
 One vLLM engine (fleetllm's VLLMEngine, multi-LoRA sized by fleetllm from the adapters unless --max-loras
 says) serves --rows rows spread round-robin over --adapters random rank --rank adapters, three ways:
-- grouped: the rows in the order fleetllm's engine stage hands them over (fleetllm.batch.stages.adapter_order:
+- grouped: the rows in the order fleetllm's engine stage hands them over (fleetllm.batch.execution.stages.adapter_order:
   the rows of one adapter next to each other);
 - input: the rows in input order (adapter i % N: every step mixes all adapters);
 - one: every row on the first adapter (the cost of LoRA itself, without switching).
@@ -72,7 +72,7 @@ def write_adapter(folder: Path, config: dict, rank: int, seed: int) -> str:
 
 
 def make_requests(rows: int, names: list[str], prompt_tokens: int, max_tokens: int, vocab: int, mode: str):
-    from fleetllm.batch.stages import adapter_order
+    from fleetllm.batch.execution.stages import adapter_order
     from fleetllm.engines.base import GenerationRequest
 
     rng = random.Random(0)
@@ -103,8 +103,7 @@ def run(args) -> dict:
               "lora_adapters": adapters}
     if args.max_loras:
         kwargs["max_loras"] = args.max_loras
-    engine = VLLMEngine(folder, engine_kwargs=kwargs)
-    engine.rows_in_flight = args.rows  # as the batch pipeline sizes it for a job of this many rows in flight
+    engine = VLLMEngine(folder, engine_kwargs=kwargs, rows_in_flight=args.rows)  # as a job's replica is sized
     t0 = time.time()
     engine.start()
     start_s = time.time() - t0

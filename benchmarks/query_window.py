@@ -92,7 +92,7 @@ def main() -> None:
     a = p.parse_args()
     import ray
 
-    from fleetllm.batch.stream import init_ray
+    from fleetllm.batch.execution.stream import init_ray
 
     t0 = time.time()
     init_ray(None, 1)

@@ -8,7 +8,7 @@ model so generation stays short):
 
 - in the replica: the engine renders the chat template and tokenizes each row (the old path);
 - ahead: rows carry `_prompt_token_ids` built by the preprocess stage
-  (fleetllm.batch.tokenize_stage, which Ray Data runs in separate tasks); its own time is reported
+  (fleetllm.batch.execution.tokenize_stage, which Ray Data runs in separate tasks); its own time is reported
   too, but it runs beside the replicas, not on their critical path.
 
     .venv/bin/python benchmarks/replica_submit.py [--rows 1000] [--rounds 3]
@@ -44,8 +44,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from fleetllm.batch.stages import request_from_row
-    from fleetllm.batch.tokenize_stage import add_prompt_token_ids, load_tokenizer, tokenizer_source
+    from fleetllm.batch.execution.stages import request_from_row
+    from fleetllm.batch.execution.tokenize_stage import add_prompt_token_ids, load_tokenizer, tokenizer_source
     from fleetllm.engines.base import GenerationResult, create_engine
     from fleetllm.testing.tiny_model import make_tiny_model
     from gpu_workloads import make_workload

@@ -64,10 +64,10 @@ def measure(spec_dict: dict) -> dict:
     import gc
     import tracemalloc
 
-    from fleetllm.batch import io as bio
-    from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.plan import plan_shards
-    from fleetllm.batch.job_prepare import plan_and_prepare
+    from fleetllm.batch.inputs import input_files as bio
+    from fleetllm.batch.output.commit import OutputFolder
+    from fleetllm.batch.planning.shards import plan_shards
+    from fleetllm.batch.planning.job_prepare import plan_and_prepare
     from fleetllm.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)
@@ -163,10 +163,10 @@ def commit_shards(spec_dict: dict, upto: int) -> float:
     """Commit shards [already committed, upto) through the runner's own commit path; seconds taken."""
     import pyarrow as pa
 
-    from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.assemble import commit_shard
-    from fleetllm.batch.job_prepare import plan_and_prepare
-    from fleetllm.batch.writers import shard_writer
+    from fleetllm.batch.output.commit import OutputFolder
+    from fleetllm.batch.output.assemble import commit_shard
+    from fleetllm.batch.planning.job_prepare import plan_and_prepare
+    from fleetllm.batch.output.writers import shard_writer
     from fleetllm.spec import JobSpec
 
     spec = JobSpec.model_validate(spec_dict)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from fleetllm.batch import store  # noqa: E402
-from fleetllm.batch.commit import META, ManifestEntry, OutputFolder, part_name  # noqa: E402
-from fleetllm.batch.plan import InputFile, plan_shards, shard_fingerprint  # noqa: E402
+from fleetllm.batch.output import store  # noqa: E402
+from fleetllm.batch.output.commit import META, ManifestEntry, OutputFolder, part_name  # noqa: E402
+from fleetllm.batch.planning.shards import InputFile, plan_shards, shard_fingerprint  # noqa: E402
 
 FP = "benchmark-job"
 

@@ -2,7 +2,7 @@
 
 `wait_until` is the pure loop (clock, sleep and the resource reader injected); `ray_snapshot` reads
 the connected Ray cluster (`ray.cluster_resources()`, alive nodes); `request_from_autoscaler` asks an
-autoscaling cluster for the wanted resources. It sits below both batch/ (batch/stream.py
+autoscaling cluster for the wanted resources. It sits below both batch/ (batch/execution/stream.py
 wait_for_cluster) and cluster/ (cluster/wait.py: connect + `fleetllm cluster wait`), so batch needs
 nothing of the deployment tooling.
 """

@@ -28,14 +28,14 @@ def job_spec(store: BatchStore, batch: dict[str, Any], base_url: str, model: str
         "input": {"path": store.url_of(input_file["path"]), "format": "openai_batch"},
         "output": {"path": store.job_url(batch["id"]), "format": "openai_batch", "shard_rows": shard_rows},
         # lines sharing a prompt prefix run together, so the replicas' prefix cache computes it once
-        # (fleetllm.batch.prefix; auto: only where a sample of the lines shows shared prefixes)
+        # (fleetllm.batch.planning.prefix; auto: only where a sample of the lines shows shared prefixes)
         "compute": {"batches_in_flight": max(1, -(-max_in_flight // shard_rows)), "prefix_grouping": "auto"},
     })
 
 
 def committed_counts(store: BatchStore, batch_id: str) -> tuple[int, int]:
     """(completed, failed) rows over the shards committed so far."""
-    from fleetllm.batch.commit import OutputFolder
+    from fleetllm.batch.output.commit import OutputFolder
 
     entries = OutputFolder(store.job_url(batch_id), "openai_batch").read_commits().values()
     return sum(e.rows - e.errors for e in entries), sum(e.errors for e in entries)
@@ -43,7 +43,7 @@ def committed_counts(store: BatchStore, batch_id: str) -> tuple[int, int]:
 
 def usage(store: BatchStore, batch_id: str) -> dict[str, Any]:
     """The Batch object's `usage`: tokens over the committed shards."""
-    from fleetllm.batch.commit import OutputFolder
+    from fleetllm.batch.output.commit import OutputFolder
 
     entries = OutputFolder(store.job_url(batch_id), "openai_batch").read_commits().values()
     prompt, output = sum(e.input_tokens for e in entries), sum(e.output_tokens for e in entries)
@@ -54,10 +54,10 @@ def usage(store: BatchStore, batch_id: str) -> dict[str, Any]:
 
 def finalize_partial(spec: JobSpec) -> None:
     """Write output.jsonl and errors.jsonl from the committed shards (the job was stopped before its end)."""
-    from fleetllm.batch import local_run
-    from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.job_prepare import plan_and_prepare
-    from fleetllm.batch.openai_batch import OpenAIBatchWriter
+    from fleetllm.batch.execution import local_run
+    from fleetllm.batch.output.commit import OutputFolder
+    from fleetllm.batch.planning.job_prepare import plan_and_prepare
+    from fleetllm.batch.inputs.openai_batch import OpenAIBatchWriter
 
     plan = plan_and_prepare(spec, resources=local_run.local_resources_for_run(spec))
     OpenAIBatchWriter().finalize(OutputFolder(spec.output.path, "openai_batch"), plan)

@@ -65,7 +65,7 @@ def execute_job(spec, args) -> int:
 
             print(json.dumps(result))
         return 0
-    from fleetllm.batch.run_logs import captured_output
+    from fleetllm.batch.reports.run_logs import captured_output
 
     log_path: list[str] = []
     try:

@@ -32,13 +32,14 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from fleetllm.batch import ray_names
+from fleetllm.batch.execution.stages import OUTPUT_COLUMNS as STAGE_OUTPUT_COLUMNS
 
 if TYPE_CHECKING:
-    from fleetllm.batch.engine_pool import EnginePool
+    from fleetllm.batch.execution.engine_pool import EnginePool
 
 Row = dict[str, Any]
 TOKENIZE_BATCH_ROWS = 1024  # rows per tokenization task (the dataset's blocks may be any size)
-OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error", "attempts")
+OUTPUT_COLUMNS = (*STAGE_OUTPUT_COLUMNS, "attempts")  # the engine stage's, and the attempts each row took
 
 
 class _ProcessorConfig(ray_names.RayProcessorFields):
@@ -110,7 +111,7 @@ class Processor:
         import ray
 
         from fleetllm import sizing
-        from fleetllm.batch.engine_pool import EnginePool
+        from fleetllm.batch.execution.engine_pool import EnginePool
         from fleetllm.engines.images import ImageLimits, config_reads_images
         from fleetllm.sizing import batches_in_flight
 
@@ -199,7 +200,7 @@ def _fitting_plan(c: _ProcessorConfig):
 def _drop_internal(row: Row) -> Row:
     """The row without the columns the engine stage adds for `fleetllm run` (its replica's node and
     timestamps, the token ids handed to vLLM): the user's columns and OUTPUT_COLUMNS stay."""
-    from fleetllm.batch.stages import INTERNAL_COLUMNS
+    from fleetllm.batch.execution.stages import INTERNAL_COLUMNS
 
     for name in INTERNAL_COLUMNS:
         if name.startswith("_"):  # `sampling_params` and `messages` are the user's preprocess's

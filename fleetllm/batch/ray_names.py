@@ -181,7 +181,7 @@ def ray_output(row: dict[str, Any], config: Any) -> dict[str, Any]:
 
 def with_embed_text(row: dict[str, Any]) -> dict[str, Any]:
     """An embed row's text for the embed stage: its `text` or `prompt` column (Ray's embedding examples)."""
-    from fleetllm.batch.embed_stage import TEXT_COLUMNS
+    from fleetllm.batch.execution.embed_stage import TEXT_COLUMNS
 
     text = next((row[c] for c in TEXT_COLUMNS if isinstance(row.get(c), str)), None)
     if text is None:

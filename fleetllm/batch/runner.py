@@ -1,13 +1,13 @@
 """`fleetllm run`: plan, prepare, stream the shards through engine replicas, assemble and commit, report.
 
-    fetch_models -> plan_job (fleetllm.batch.job_plan, pure: engine, replicas, shards, what is committed
+    fetch_models -> plan_job (fleetllm.batch.planning.job_plan, pure: engine, replicas, shards, what is committed
     already) -> prepare (the output folder's records, under its lock; `--dry-run` stops before it)
-    -> run the pending shards: on Ray Data (fleetllm.batch.stream), or for a local job of one replica
-       in this process without Ray (fleetllm.batch.local_run: its engine starts while the first
+    -> run the pending shards: on Ray Data (fleetllm.batch.execution.stream), or for a local job of one replica
+       in this process without Ray (fleetllm.batch.execution.local_run: its engine starts while the first
        shards are read and tokenized); both hand each complete shard back to this driver
-    -> commit_shard (fleetllm.batch.assemble: the data under its final name, then one commit object per
+    -> commit_shard (fleetllm.batch.output.assemble: the data under its final name, then one commit object per
        shard under OUT/_fleetllm/commits)
-    -> make_report (fleetllm.batch.job_report: the run record, _SUCCESS)
+    -> make_report (fleetllm.batch.reports.job_report: the run record, _SUCCESS)
 
 The driver never holds more than the shards in flight; the commit objects make the job resumable.
 """
@@ -22,21 +22,21 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import sizing
-from fleetllm.batch import owner, store
-from fleetllm.batch.assemble import commit_shard
-from fleetllm.batch.commit import OutputFolder
-from fleetllm.batch.estimate_job import apply_deadline, estimate_plan, job_shape
-from fleetllm.batch.estimate_live import RunEstimate
-from fleetllm.batch.job_plan import JobPlan, plan_job
-from fleetllm.batch.job_prepare import fetch_models, prepare
-from fleetllm.batch.job_report import make_report
-from fleetllm.batch.plan import Shard
-from fleetllm.batch.progress import JobProgress
-from fleetllm.batch.retry_errors import commit_retried, reopen_errors
-from fleetllm.batch.run_series import RunSeries
-from fleetllm.batch.stages import TemplatePreprocessor
-from fleetllm.batch.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
-from fleetllm.batch.writers import shard_writer
+from fleetllm.batch.output import owner, store
+from fleetllm.batch.output.assemble import commit_shard
+from fleetllm.batch.output.commit import OutputFolder
+from fleetllm.batch.reports.estimate_job import apply_deadline, estimate_plan, job_shape
+from fleetllm.batch.reports.estimate_live import RunEstimate
+from fleetllm.batch.planning.job_plan import JobPlan, plan_job
+from fleetllm.batch.planning.job_prepare import fetch_models, prepare
+from fleetllm.batch.reports.job_report import make_report
+from fleetllm.batch.planning.shards import Shard
+from fleetllm.batch.reports.progress import JobProgress
+from fleetllm.batch.output.retry_errors import commit_retried, reopen_errors
+from fleetllm.batch.reports.run_series import RunSeries
+from fleetllm.batch.execution.stages import TemplatePreprocessor
+from fleetllm.batch.execution.stream import init_ray, release_cluster_request, run_on_ray, wait_for_cluster
+from fleetllm.batch.output.writers import shard_writer
 from fleetllm.engines.capabilities import capabilities, declared
 from fleetllm.errors import EndpointError, PlanError
 from fleetllm.estimate.describe import describe as describe_estimate
@@ -48,14 +48,14 @@ def run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
             retry_errors: str | None = None, as_json: bool = False) -> dict[str, Any]:
     """Run a job; a real run holds the output folder's lock throughout (a second run refuses).
     `retry_errors` ("all" or "retryable"): also recompute the committed rows whose `error` is set
-    (fleetllm.batch.retry_errors). A dry run prints the plan and its estimate (`as_json`: prints
+    (fleetllm.batch.output.retry_errors). A dry run prints the plan and its estimate (`as_json`: prints
     nothing, the caller prints the returned dict)."""
     if retry_errors is not None and overwrite:
         raise PlanError("--retry-errors recomputes the failed rows of the existing output and --overwrite "
                         "recomputes every row: give one of them")
     if dry_run:
         return _dry_run(spec, overwrite=overwrite, console=console or Console(stderr=True), as_json=as_json)
-    swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.owner)
+    swept = owner.sweep_temp()  # temporary folders of killed runs (fleetllm.batch.output.owner)
     if swept and console is not None:
         console.print(f"removed {len(swept)} temporary folder(s) left by killed runs: {', '.join(swept[:3])}"
                       + (" ..." if len(swept) > 3 else ""))
@@ -139,7 +139,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     console = console or Console(stderr=True)
     t0 = time.time()
     preflight(spec)  # before Ray starts: what would otherwise fail after minutes, or every row
-    from fleetllm.batch import local_run
+    from fleetllm.batch.execution import local_run
 
     in_process = local_run.runs_in_process(spec)
     plan = prepare(_plan_where_it_runs(spec, in_process, overwrite, console))  # the folder's records written
@@ -161,7 +161,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     engine_start_at = t_engine
     first_call, last_done = float("inf"), 0.0  # a replica's first batch started, its last one finished
     last_commit = t_engine  # generation ends when the last shard is committed (not at pool teardown)
-    series = RunSeries(t0)  # what `fleetllm report` draws (fleetllm/batch/run_series.py)
+    series = RunSeries(t0)  # what `fleetllm report` draws (fleetllm/batch/reports/run_series.py)
 
     def commit(shard: Shard, table) -> None:
         nonlocal last_commit
@@ -183,7 +183,7 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 
         wait_listeners.append(listen)
     try:
-        if plan.pending:  # one local replica: no Ray (fleetllm.batch.local_run); else the Ray Data stream
+        if plan.pending:  # one local replica: no Ray (fleetllm.batch.execution.local_run); else the Ray Data stream
             run_shards = local_run.run_shards if in_process else run_on_ray
             times = run_shards(plan, preprocessor, commit)
             if times["ready"] < float("inf"):
@@ -216,10 +216,10 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
 def _plan_where_it_runs(spec: JobSpec, in_process: bool, overwrite: bool, console: Console) -> JobPlan:
     """The job's plan, sized to where it runs: this process (one local replica, no Ray) or the Ray cluster,
     connected (or a local Ray started) and waited for (compute.wait_for) first; its models fetched first."""
-    from fleetllm.batch import local_run
+    from fleetllm.batch.execution import local_run
 
     fetch_models(spec)
-    if in_process:  # one local replica: no Ray (fleetllm.batch.local_run)
+    if in_process:  # one local replica: no Ray (fleetllm.batch.execution.local_run)
         return plan_job(spec, overwrite=overwrite, resources=local_run.local_resources_for_run(spec))
     # connect (or start a local Ray), wait for late nodes, then size the replicas to what is there
     compute = spec.compute
@@ -249,7 +249,7 @@ def _timed_report(plan: JobPlan, totals: dict[str, int], out: OutputFolder, seri
     report = make_report(plan, totals, wall, generation_wall, out)
     report["teardown_s"] = round(time.time() - last_commit, 3)  # replicas stopping
     report["changed_files"] = plan.changed_files  # input files whose content differs from the last run's
-    report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.local_run)
+    report["in_process"] = in_process  # no Ray: a local job of one replica (fleetllm.batch.execution.local_run)
     if ready_at:
         report["engine_ready_after_start_s"] = round(ready_at[0] - t0, 3)  # command start -> engine ready
     report["timeline_s"] = timeline(t0=t0, planned=planned_at, engine_start=engine_start_at,
@@ -264,7 +264,7 @@ def _timed_report(plan: JobPlan, totals: dict[str, int], out: OutputFolder, seri
 
 def run_estimate(plan, t0: float, console: Console) -> RunEstimate | None:
     """compute.deadline applied to the plan (refused here, before any engine starts), and the estimate
-    the run keeps (generate jobs; fleetllm.batch.estimate_live)."""
+    the run keeps (generate jobs; fleetllm.batch.reports.estimate_live)."""
     if plan.task != "generate":
         return None
     shape = None
@@ -334,12 +334,12 @@ def make_preprocessor(spec: JobSpec, task: str = "generate", engine: str | None 
     image parts of OpenAI Batch lines go to the image stage; on engine openai they go to the endpoint as they
     are (it fetches them, or refuses them as a 400 that is the row's error)."""
     if spec.input.format == "openai_batch":  # the job's sampling: every line's defaults, its body overrides them
-        from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+        from fleetllm.batch.inputs.openai_batch import OpenAIBatchPreprocessor
 
         return OpenAIBatchPreprocessor(spec.sampling.request_params(engine), task, tuple(spec.model.lora_adapters),
                                        reads_images or declared(engine).is_endpoint)
     if task == "embed":
-        from fleetllm.batch.embed_stage import EmbedPreprocessor
+        from fleetllm.batch.execution.embed_stage import EmbedPreprocessor
 
         return EmbedPreprocessor(spec.prompt.template, spec.input.id_column)
     return TemplatePreprocessor(spec.prompt.system, spec.prompt.template,

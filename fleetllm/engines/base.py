@@ -28,7 +28,7 @@ class GenerationRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""
-    # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.tokenize_stage); engines
+    # The prompt already rendered and tokenized (batch pipeline, fleetllm.batch.execution.tokenize_stage); engines
     # that take token ids (`Engine.takes_token_ids`) use it instead of building the prompt again.
     prompt_token_ids: list[int] | None = None
     # At most one structured-output constraint (fleetllm.structured). `response_format` or
@@ -152,10 +152,20 @@ class Engine(abc.ABC):
         model_path: str,
         engine_kwargs: dict[str, Any] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        workload: str = "batch",
+        rows_in_flight: int | None = None,
     ) -> None:
+        """workload: "batch" (a batch job's replica) or "serve" (interactive requests, `fleetllm serve`);
+        rows_in_flight: the rows a batch replica holds at once (an engine may size itself to them). Every
+        engine takes both at construction; those that have no use for them ignore them."""
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload {workload!r}: use one of {WORKLOADS}")
         self.model_path = model_path
         self.engine_kwargs = dict(engine_kwargs or {})
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.workload = workload
+        self.rows_in_flight = rows_in_flight
 
     @abc.abstractmethod
     def start(self) -> None:
@@ -231,6 +241,8 @@ class Engine(abc.ABC):
         check_model_limits(checked, self.vocab_size)
         return checked
 
+
+WORKLOADS = ("batch", "serve")
 
 ENGINES = {
     "transformers": "fleetllm.engines.transformers_engine:TransformersEngine",

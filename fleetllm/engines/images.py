@@ -8,7 +8,7 @@ RowError naming the part (`messages[0].content[1]`), so it is that row's error o
 
 `load_images` returns the messages with each image part's URL dropped (the part stays, as
 `{"type": "image_url", "image_url": {"url": "image:N"}}`, so engines know where the image sits) and the
-fetched bytes in order. The batch pipeline runs it in a stage of its own (fleetllm.batch.image_stage),
+fetched bytes in order. The batch pipeline runs it in a stage of its own (fleetllm.batch.execution.image_stage),
 off the engine's critical path; engines turn the bytes into Pillow images (`decode`) and the parts into
 the model's own shape (`model_messages`).
 """

@@ -64,17 +64,14 @@ class VLLMEngine(VLLMRequests, Engine):
     name = "vllm"
     concurrent_batches = True
     takes_token_ids = True
-    # vLLM's scheduler defaults by use: "LLM_CLASS" (offline batch: 16,384 batched tokens on an H200) for
-    # batch jobs; serving sets "OPENAI_API_SERVER" (`vllm serve`'s: 8,192, shorter prefill chunks between
-    # decode steps) before start() (fleetllm.serve.backend.ModelServer).
-    usage_context = "LLM_CLASS"
-    # Rows a batch replica holds in flight (set by the batch pipeline before start()): sizes
-    # max_num_seqs and the CUDA graphs to the job (fleetllm.engines.vllm_defaults); None when serving.
-    rows_in_flight: int | None = None
-
     def __init__(self, model_path: str, engine_kwargs: dict[str, Any] | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(model_path, engine_kwargs, chat_template_kwargs)
+                 chat_template_kwargs: dict[str, Any] | None = None, **options: Any) -> None:
+        super().__init__(model_path, engine_kwargs, chat_template_kwargs, **options)
+        # vLLM's scheduler defaults by use: "LLM_CLASS" (offline batch: 16,384 batched tokens on an H200) for
+        # batch jobs; "OPENAI_API_SERVER" (`vllm serve`'s: 8,192, shorter prefill chunks between decode steps)
+        # when serving. rows_in_flight (a batch replica's) sizes max_num_seqs and the CUDA graphs to the job
+        # (fleetllm.engines.vllm_defaults); None when serving.
+        self.usage_context = "OPENAI_API_SERVER" if self.workload == "serve" else "LLM_CLASS"
         self._llm: Any = None
         self._loop: LoopThread | None = None
         # vLLM request ids: unique within the engine (a counter, cheaper than a uuid per row), and a
@@ -115,7 +112,7 @@ class VLLMEngine(VLLMRequests, Engine):
     def start(self) -> None:
         # Spawn, not fork: this process already runs threads (our loop, Ray's, Ray Data's); vLLM
         # forces spawn in Ray actors anyway. Every entry point (pytest, Ray workers, the fleetllm CLI)
-        # guards its main module, which spawn needs. The in-process batch run (fleetllm.batch.local_run)
+        # guards its main module, which spawn needs. The in-process batch run (fleetllm.batch.execution.local_run)
         # sets fork before this, as a plain vLLM script does: the engine core then skips importing vLLM again.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         import dataclasses

@@ -1,5 +1,5 @@
 """`fleetllm calibrate JOB.yaml`: measure the throughput profile of the job's engine on this machine
-(fleetllm.batch.estimate_probe), then print the job's estimate from it."""
+(fleetllm.batch.reports.estimate_probe), then print the job's estimate from it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def calibrate_command(args) -> int:
-    from fleetllm.batch.estimate_probe import calibrate
+    from fleetllm.batch.reports.estimate_probe import calibrate
     from fleetllm.estimate.describe import describe
     from fleetllm.estimate.estimate import PROBE_ROWS
     from fleetllm.spec import load_job_spec

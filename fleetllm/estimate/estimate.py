@@ -21,7 +21,7 @@ PROBE_ROWS = 48
 
 @dataclass(frozen=True)
 class JobShape:
-    """What the job will compute (fleetllm.batch.estimate_job builds it from a plan)."""
+    """What the job will compute (fleetllm.batch.reports.estimate_job builds it from a plan)."""
 
     rows: int  # rows still to compute
     prompt_tokens: int  # of those rows (counted, or extrapolated from a sample: `prompt_tokens_how`)

@@ -35,7 +35,7 @@ def error_kind(message: str) -> str:
 
 
 def load(out_path: str) -> ReportData:
-    from fleetllm.batch.commit import OutputFolder, read_run_record  # the commit protocol's own readers
+    from fleetllm.batch.output.commit import OutputFolder, read_run_record  # the commit protocol's own readers
 
     fs, root = fsspec.core.url_to_fs(out_path)
     run = read_run_record(out_path)

@@ -169,7 +169,7 @@ figure.chart svg {{ max-width: 100%; height: auto; }} .note {{ color: #777; }}
 def write_report(out_path: str) -> str:
     """Write OUT/_fleetllm/report.html (where readers of the folder skip it, and a resume knows it);
     returns its location."""
-    from fleetllm.batch.commit import META, REPORT_PAGE
+    from fleetllm.batch.output.commit import META, REPORT_PAGE
 
     page = render(load(out_path))
     fs, root = fsspec.core.url_to_fs(out_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetllm.serve.protocol import (
+from fleetllm.engines.openai_api.protocol import (
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, CompletionChoice, CompletionResponse,
     DeltaMessage, ResponseMessage, Usage, chat_logprobs, completion_logprobs, new_id,
 )

@@ -3,7 +3,7 @@
 `make_api(backends, api_key)` returns the FastAPI app; the Ray Serve ingress (app.py) builds it in
 its replica over DeploymentHandles, and tests build it in-process over `LocalBackend`s and drive it
 through httpx's ASGITransport. Routes: POST /v1/chat/completions, POST /v1/completions,
-POST /v1/embeddings (fleetllm.engines.openai_embeddings), GET /v1/models, GET /health, GET /metrics. A model
+POST /v1/embeddings (fleetllm.engines.openai_api.embeddings), GET /v1/models, GET /health, GET /metrics. A model
 serves one task: an embedding model refuses chat and completions with a 400, and the others embeddings.
 With a batch store, OpenAI's /v1/files and /v1/batches too (fleetllm.serve.batch_routes); a request carrying
 the header x-fleetllm-batch is a Batch API row: engine priority 1 (interactive 0), its own metric series.
@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fleetllm.serve.backend import Backend
 from fleetllm.serve.handlers import Handlers, error_response
 from fleetllm.serve.metrics import ServeMetrics
-from fleetllm.serve.protocol import APIError, ModelCard, ModelList, validation_message
+from fleetllm.engines.openai_api.protocol import APIError, ModelCard, ModelList, validation_message
 from fleetllm.serve.vllm_metrics import gather
 
 

@@ -20,7 +20,7 @@ from fleetllm.engines.fields import FieldError, check_prompt_ids
 from fleetllm.errors import EngineError, FleetError, RequestFailed, RowError
 from fleetllm.serve.echo import echo_item
 from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
-from fleetllm.serve.protocol import APIError, overloaded
+from fleetllm.engines.openai_api.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
 
 # How often one request's deltas are sent: every message costs CPU in the replica, the ingress, the HTTP
@@ -88,9 +88,7 @@ class ModelServer:
             if can.priority_scheduling and self.task == "generate":  # interactive requests before Batch API rows
                 kwargs.setdefault("scheduling_policy", "priority")
             engine = create_engine(name, resolved.path, task=self.task, engine_kwargs=kwargs,
-                                   chat_template_kwargs=config.chat_template_kwargs)
-            if hasattr(engine, "usage_context"):  # vLLM: `vllm serve`'s scheduler defaults, not offline batch's
-                engine.usage_context = "OPENAI_API_SERVER"
+                                   chat_template_kwargs=config.chat_template_kwargs, workload="serve")
             engine.start()
         else:
             self.task = config.task if config.task != "auto" else getattr(engine, "tasks", ("generate",))[0]

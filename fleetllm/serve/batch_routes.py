@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from fleetllm.batches.store import TERMINAL, BatchStore, batch_object, new_id, public, window_seconds
 from fleetllm.batches.validate import ENDPOINTS
-from fleetllm.serve.protocol import APIError
+from fleetllm.engines.openai_api.protocol import APIError
 
 MAX_UPLOAD_BYTES = 512 * 1024 * 1024  # OpenAI's per-file limit (a batch file: 200 MB, checked at create)
 MAX_METADATA_KEYS = 16

@@ -138,7 +138,7 @@ class HandleBackend:
     async def stream(self, payload: dict[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
         from ray.serve.exceptions import BackPressureError
 
-        from fleetllm.serve.protocol import overloaded
+        from fleetllm.engines.openai_api.protocol import overloaded
 
         gen, started, finished = None, False, False
         try:  # Serve may refuse at .remote() (queue full) or at the first item
@@ -164,7 +164,7 @@ class HandleBackend:
     async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
         from ray.serve.exceptions import BackPressureError
 
-        from fleetllm.serve.protocol import overloaded
+        from fleetllm.engines.openai_api.protocol import overloaded
 
         try:
             return await self.handle.embed.remote(payload)

@@ -22,7 +22,7 @@ import asyncio
 from typing import Any, AsyncIterator
 
 from fleetllm.serve.backend import LocalBackend, ModelServer
-from fleetllm.serve.protocol import overloaded
+from fleetllm.engines.openai_api.protocol import overloaded
 from fleetllm.serve.spec import LLMConfig
 
 ROOM = 16  # requests a replica takes past its model's capacity: /health, /metrics, /v1/models, refusals

@@ -18,12 +18,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
-from fleetllm.engines.openai_embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
+from fleetllm.engines.openai_api.embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.accumulator import Accumulator
 from fleetllm.serve.backend import Backend, raise_item_error
 from fleetllm.serve.batch_admission import BatchAdmission, is_batch, priority_of
 from fleetllm.serve.metrics import ServeMetrics
-from fleetllm.serve.protocol import (
+from fleetllm.engines.openai_api.protocol import (
     APIError, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse,
     DeltaMessage, Usage, new_id, validation_message,
 )

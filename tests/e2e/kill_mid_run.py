@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def committed_shards(output: str | Path) -> int:
     """How many commit objects the output folder (a path or an fsspec URL) holds."""
-    from fleetllm.batch import store
-    from fleetllm.batch.commit import COMMIT, COMMITS, META
+    from fleetllm.batch.output import store
+    from fleetllm.batch.output.commit import COMMIT, COMMITS, META
 
     fs, root = store.open_url(str(output))
     return sum(1 for n in store.listing(fs, f"{root.rstrip('/')}/{META}/{COMMITS}") if COMMIT.match(n))

@@ -1,4 +1,4 @@
-"""`fleetllm run` of a local one-replica job runs in one process without Ray (fleetllm.batch.local_run):
+"""`fleetllm run` of a local one-replica job runs in one process without Ray (fleetllm.batch.execution.local_run):
 the same outputs, manifest and report as the Ray path, and each resumes the other's output folder."""
 
 import json
@@ -37,7 +37,7 @@ def test_in_process_run_equals_the_ray_run_and_resumes_it(tmp_path, tiny_model):
                 for r in read_rows(folder)}
 
     assert outputs(local_out) == outputs(ray_out)
-    from fleetllm.batch.commit import OutputFolder
+    from fleetllm.batch.output.commit import OutputFolder
 
     manifest = [vars(e) for e in OutputFolder(str(local_out), "parquet").read_commits().values()]
     ray_manifest = [vars(e) for e in OutputFolder(str(ray_out), "parquet").read_commits().values()]

@@ -70,8 +70,8 @@ def report(prefix: str) -> dict:
 
 
 def test_the_lock_object_is_a_conditional_create(s3):
-    from fleetllm.batch.commit import OutputFolder
-    from fleetllm.batch.folder_lock import FolderLocked
+    from fleetllm.batch.output.commit import OutputFolder
+    from fleetllm.batch.output.folder_lock import FolderLocked
 
     with OutputFolder("s3://bkt/lk/out", "parquet").lock():
         with pytest.raises(FolderLocked, match=rf"host {socket.gethostname()}, pid {os.getpid()}"):

@@ -52,7 +52,7 @@ def test_embed_job_is_checked_before_it_runs(embedding_model, tmp_path):
     with pytest.raises(ValueError, match="sampling"):
         spec_for("all-minilm-l6-v2", tmp_path, sampling={"max_tokens": 4})
     spec = spec_for("all-minilm-l6-v2", tmp_path, task="generate")
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
 
     with pytest.raises(PlanError, match="embedding model.*task: embed"):
         plan_job(spec)
@@ -100,7 +100,7 @@ def test_a_file_mixing_embeddings_and_chat_lines_is_refused(embedding_model, tmp
         "model": {"source": "all-minilm-l6-v2", "engine": "transformers"},
         "input": {"path": str(src), "format": "openai_batch"},
         "output": {"path": str(tmp_path / "out"), "format": "openai_batch"}})
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
 
     with pytest.raises(InputError, match="mixes embeddings and generation lines.*line 1.*line 2"):
         plan_job(spec)

@@ -44,7 +44,7 @@ def rows_of(path) -> dict[str, dict]:
 
 
 def committed_lines(tmp_path: Path) -> int:
-    commits = tmp_path / "out" / "_fleetllm" / "commits"  # one commit object per shard (batch/commit.py)
+    commits = tmp_path / "out" / "_fleetllm" / "commits"  # one commit object per shard (batch/output/commit.py)
     return len(list(commits.glob("*.json"))) if commits.exists() else 0
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetllm.batch.estimate_job import (
+from fleetllm.batch.reports.estimate_job import (
     apply_deadline,
     cached_tokens,
     job_shape,
     profile_key,
 )
-from fleetllm.batch.estimate_probe import call_sizes
-from fleetllm.batch.job_plan import plan_job
+from fleetllm.batch.reports.estimate_probe import call_sizes
+from fleetllm.batch.planning.job_plan import plan_job
 from fleetllm.cli import main
 from fleetllm.errors import PlanError
 from fleetllm.estimate import store

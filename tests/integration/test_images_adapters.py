@@ -80,8 +80,8 @@ def test_image_rows_count_image_tokens_and_bad_images_fail_alone(tiny_vlm, tmp_p
     assert "private address" in out["private"]["error"] and "allow_private_urls" in out["private"]["error"]
     assert "could not read image" in out["missing"]["error"]
     # `fleetllm calibrate`'s probe rows go through the image stage as the job's rows do
-    from fleetllm.batch.estimate_probe import call_table, probe_rows
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.reports.estimate_probe import call_table, probe_rows
+    from fleetllm.batch.planning.job_plan import plan_job
 
     probed = call_table(plan_job(spec), probe_rows(plan_job(spec), 4), None).to_pylist()
     assert probed[0]["_images"] == [red] and probed[1]["_images"] is None and "not an image" in probed[3]["error"]
@@ -108,7 +108,7 @@ def test_mixed_adapters_match_each_adapter_alone(embedded_model, adapters, tmp_p
     spec = job(tmp_path, "mixed", {"source": embedded_model, "lora_adapters": adapters, "adapter_column": "adapter"},
                rows, prompt={"template": "{q}"})
     mixed = read_output(run_job(spec) and spec.output.path)
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
 
     assert plan_job(spec).pending == []  # a dry run resolves the adapter folders as the run did
     assert "'nope'" in mixed["unknown"]["error"] and "model.lora_adapters" in mixed["unknown"]["error"]

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from fleetllm.batch.commit import OutputFolder
-from fleetllm.batch.folder_lock import FolderLocked
+from fleetllm.batch.output.commit import OutputFolder
+from fleetllm.batch.output.folder_lock import FolderLocked
 from fleetllm.testing.s3_server import S3Server
 
 pytest.importorskip("s3fs", reason="the S3 tests need fleetllm[s3] (s3fs) and moto[server]")
 
-HOLD = ("import sys, time\nfrom fleetllm.batch.commit import OutputFolder\n"
+HOLD = ("import sys, time\nfrom fleetllm.batch.output.commit import OutputFolder\n"
         "lock = OutputFolder(sys.argv[1], 'parquet').lock()\nlock.acquire()\nprint('held', flush=True)\n"
         "time.sleep(600)")
 

@@ -19,7 +19,7 @@ import pyarrow.dataset as pads
 import pytest
 from rich.console import Console
 
-from fleetllm.batch.progress import JobProgress
+from fleetllm.batch.reports.progress import JobProgress
 from fleetllm.batch.runner import run_job
 from fleetllm.engines.base import GenerationRequest
 from fleetllm.engines.openai.client import wait_listeners

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetllm.batch.folder_lock import FolderLocked
+from fleetllm.batch.output.folder_lock import FolderLocked
 from fleetllm.batch.runner import run_job
 from fleetllm.errors import PlanError
 from fleetllm.spec import JobSpec

@@ -116,7 +116,7 @@ def test_a_timestamp_column_is_refused_by_on_and_keeps_auto_off(tiny_model, tmp_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
 
     n = 300  # above auto's minimum; every row the same document (auto would group them)
     pq.write_table(pa.table({"doc": ["Document one. " * 40] * n, "question": [f"Q{i}?" for i in range(n)],
@@ -141,7 +141,7 @@ def test_openai_batch_job_groups_its_lines_and_answers_each_custom_id_once(tiny_
     """The job a Batch API batch runs (openai_batch in and out), on the transformers engine: auto groups
     lines sharing a document, each custom_id answered once in OpenAI's shape, a document's lines run
     together, the same answers as ungrouped, and a resumed run computes only the lost shards."""
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
     from fleetllm.testing.batch_client import document_lines, jsonl
 
     docs, questions = 66, 4  # 264 lines: above auto's 256-row minimum

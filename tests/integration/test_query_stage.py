@@ -9,7 +9,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from fleetllm.batch.stages import EngineStage
+from fleetllm.batch.execution.stages import EngineStage
 from fleetllm.errors import EndpointError
 from fleetllm.testing.capacity_server import CapacityServer
 

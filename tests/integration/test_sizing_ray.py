@@ -103,7 +103,7 @@ def _job(tmp_path, model: str, **compute):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_cluster, embedded_model, tmp_path):
-    from fleetllm.batch.job_plan import engine_pool, plan_job
+    from fleetllm.batch.planning.job_plan import engine_pool, plan_job
 
     plan = plan_job(_job(tmp_path, embedded_model, replicas="auto", tp=2), resources=cluster_resources())
     assert (plan.replicas, plan.resources) == (2, {"CPU": 1.0, "GPU": 2})
@@ -118,7 +118,7 @@ def test_the_batch_runner_plans_replicas_and_placement_from_the_cluster(gpu_clus
 def test_wait_for_more_gpus_than_the_cluster_has_fails_with_what_it_saw(gpu_cluster, embedded_model, tmp_path):
     from rich.console import Console
 
-    from fleetllm.batch.stream import wait_for_cluster
+    from fleetllm.batch.execution.stream import wait_for_cluster
     from fleetllm.ray_resources import ResourceTimeout
 
     spec = _job(tmp_path, embedded_model, wait_for={"gpus": 4}, wait_timeout_s=5)
@@ -138,7 +138,7 @@ def test_wait_for_asks_the_autoscaler_for_the_resources_and_the_job_withdraws_it
     from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
     from ray.experimental.internal_kv import _internal_kv_get
 
-    from fleetllm.batch.stream import release_cluster_request, wait_for_cluster
+    from fleetllm.batch.execution.stream import release_cluster_request, wait_for_cluster
 
     spec = _job(tmp_path, embedded_model, wait_for={"gpus": 2, "cpus": 3}, wait_timeout_s=5)
     wait_for_cluster(spec, Console(quiet=True))

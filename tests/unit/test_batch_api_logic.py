@@ -128,7 +128,7 @@ def test_serve_spec_places_batches_under_fleetllm_home_and_halves_the_capacity(t
 
 def test_a_batchs_job_groups_lines_sharing_a_prefix_and_never_embeddings(tmp_path):
     from fleetllm.batch.api_job import job_spec
-    from fleetllm.batch.job_plan import plan_job
+    from fleetllm.batch.planning.job_plan import plan_job
     from fleetllm.batches.store import batch_object
     from fleetllm.testing.batch_client import document_lines, jsonl
 

@@ -5,9 +5,9 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleetllm.batch import io as bio
-from fleetllm.batch.columns import CHUNK, ColumnPlanner, conform_row, conform_table, unify
-from fleetllm.batch.plan import plan_shards
+from fleetllm.batch.inputs import input_files as bio
+from fleetllm.batch.planning.columns import CHUNK, ColumnPlanner, conform_row, conform_table, unify
+from fleetllm.batch.planning.shards import plan_shards
 
 
 def plan_of(rows):

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from fleetllm.batch.commit import ManifestEntry, OutputFolder
-from fleetllm.batch.folder_lock import FolderLocked
-from fleetllm.batch.plan import InputFile, plan_shards, shard_fingerprint
+from fleetllm.batch.output.commit import ManifestEntry, OutputFolder
+from fleetllm.batch.output.folder_lock import FolderLocked
+from fleetllm.batch.planning.shards import InputFile, plan_shards, shard_fingerprint
 from fleetllm.errors import PlanError
 
 PARTS = {"sampling": {"max_tokens": 8}, "model": {"files": [("a", 1, 2)]}}
@@ -123,7 +123,7 @@ def test_foreign_files_are_refused_and_listed_even_with_overwrite(tmp_path):
 
 def test_the_lock_names_its_live_holder_and_a_dead_holder_is_taken_over(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom fleetllm.batch.commit import OutputFolder\n"
+        [sys.executable, "-c", "import sys, time\nfrom fleetllm.batch.output.commit import OutputFolder\n"
          f"lock = OutputFolder({str(tmp_path)!r}, 'jsonl').lock()\nlock.acquire()\nprint('held', flush=True)\n"
          "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from fleetllm import models
-from fleetllm.batch.openai_batch import file_task
+from fleetllm.batch.inputs.openai_batch import file_task
 from fleetllm.engines.base import engine_class
 from fleetllm.engines.embedding import EmbeddingModelInfo, check_dimensions, cut, read_model_info
-from fleetllm.engines.openai_embeddings import EmbeddingsRequest, encode_vector
+from fleetllm.engines.openai_api.embeddings import EmbeddingsRequest, encode_vector
 from fleetllm.errors import InputError, PlanError, RowError
 
 

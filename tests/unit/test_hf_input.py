@@ -1,5 +1,5 @@
 """Hugging Face datasets as input: local save_to_disk folders and dataset repos, planned and read
-shard by shard through fleetllm/batch/hf_input.py (the hub path goes through the same builder code)."""
+shard by shard through fleetllm/batch/inputs/hf_input.py (the hub path goes through the same builder code)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from fleetllm.batch import hf_input  # noqa: E402
+from fleetllm.batch.inputs import hf_input  # noqa: E402
 from fleetllm.errors import InputError  # noqa: E402
 from fleetllm.spec import InputSpec  # noqa: E402
 

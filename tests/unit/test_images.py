@@ -100,7 +100,7 @@ def test_http_fetch_with_timeout_when_private_addresses_are_allowed():
 def test_openai_batch_lines_name_adapters_and_keep_image_parts():
     import json as _json
 
-    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+    from fleetllm.batch.inputs.openai_batch import OpenAIBatchPreprocessor
 
     pre = OpenAIBatchPreprocessor({}, "generate", ("a0", "a1"), images=True)
 

@@ -119,11 +119,11 @@ EDGES = imports(MODS)
 
 def test_the_reader_sees_the_imports():
     """A vacuous graph would pass every check below: these edges exist."""
-    assert "fleetllm.batch.job_plan" in EDGES["fleetllm.batch.runner"]
+    assert "fleetllm.batch.planning.job_plan" in EDGES["fleetllm.batch.runner"]
     assert "fleetllm.engines.openai.client" in EDGES["fleetllm.engines.openai.engine"]
     assert "fleetllm.engines.transformers_stream" in EDGES["fleetllm.engines.transformers_engine"]  # lazy import
     assert "fleetllm.batch.cli" in EDGES["fleetllm.query.cli"]
-    assert "fleetllm.ray_resources" in EDGES["fleetllm.batch.stream"]  # lazy, inside wait_for_cluster
+    assert "fleetllm.ray_resources" in EDGES["fleetllm.batch.execution.stream"]  # lazy, inside wait_for_cluster
 
 
 def test_no_forbidden_direction():

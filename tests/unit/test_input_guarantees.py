@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetllm.batch import io as bio
-from fleetllm.batch.job_plan import plan_job
-from fleetllm.batch.job_prepare import prepare
-from fleetllm.batch.plan import plan_shards
+from fleetllm.batch.inputs import input_files as bio
+from fleetllm.batch.planning.job_plan import plan_job
+from fleetllm.batch.planning.job_prepare import prepare
+from fleetllm.batch.planning.shards import plan_shards
 from fleetllm.errors import FleetError, InputError
 from fleetllm.spec import JobSpec
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fleetllm.batch.local_run import EngineStarter
+from fleetllm.batch.execution.local_run import EngineStarter
 
 
 def _core(stop) -> None:

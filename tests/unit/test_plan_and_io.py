@@ -4,8 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetllm.batch import io as bio
-from fleetllm.batch.plan import InputFile, plan_shards, shard_fingerprint
+from fleetllm.batch.inputs import input_files as bio
+from fleetllm.batch.planning.shards import InputFile, plan_shards, shard_fingerprint
 from fleetllm.errors import InputError
 
 

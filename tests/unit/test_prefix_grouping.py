@@ -1,4 +1,4 @@
-"""Prefix grouping (fleetllm.batch.prefix): the key, the auto decision, and the grouped plan (each row
+"""Prefix grouping (fleetllm.batch.planning.prefix): the key, the auto decision, and the grouped plan (each row
 exactly once, rows of one prefix in one shard and next to each other, the same input -> the same shards),
 on real files, without Ray or a model."""
 
@@ -10,11 +10,11 @@ from collections import defaultdict
 
 import pytest
 
-from fleetllm.batch import prefix
-from fleetllm.batch.io import GROUPED_FORMAT, describe_files
-from fleetllm.batch.plan import plan_shards
-from fleetllm.batch.stages import TemplatePreprocessor
-from fleetllm.batch.shard_rows import read_shard_rows
+from fleetllm.batch.planning import prefix
+from fleetllm.batch.inputs.input_files import GROUPED_FORMAT, describe_files
+from fleetllm.batch.planning.shards import plan_shards
+from fleetllm.batch.execution.stages import TemplatePreprocessor
+from fleetllm.batch.inputs.shard_rows import read_shard_rows
 from fleetllm.testing.batch_client import document_lines
 
 TEMPLATE = "Read the document and answer.\n\nDocument:\n{doc}\n\nQuestion: {question}"
@@ -129,7 +129,7 @@ def test_error_rows_and_prompt_rows_have_keys():
 def test_progress_shows_the_hit_rate_only_where_the_engine_says(tmp_path):
     from rich.console import Console
 
-    from fleetllm.batch.progress import JobProgress
+    from fleetllm.batch.reports.progress import JobProgress
 
     progress = JobProgress(10, console=Console(file=open(tmp_path / "log", "w"), force_terminal=False))
     progress.advance(5, 20, 0, 1000, None)  # transformers: no cache figure
@@ -139,7 +139,7 @@ def test_progress_shows_the_hit_rate_only_where_the_engine_says(tmp_path):
 
 
 def test_commit_objects_without_cache_figures_stay_as_they_were():
-    from fleetllm.batch.commit import ManifestEntry
+    from fleetllm.batch.output.commit import ManifestEntry
 
     entry = ManifestEntry(3, "part-000003.parquet", 5, 0, 100, 20, "ab", [])
     assert "cached_tokens" not in json.loads(entry.to_json())
@@ -198,7 +198,7 @@ def test_replica_lanes_keep_each_grouped_file_on_one_lane_balanced_and_determini
 
 
 def test_openai_batch_lines_key_on_their_messages_in_order_or_their_prompt():
-    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+    from fleetllm.batch.inputs.openai_batch import OpenAIBatchPreprocessor
 
     pre = OpenAIBatchPreprocessor({})
 
@@ -222,9 +222,9 @@ def test_openai_batch_lines_key_on_their_messages_in_order_or_their_prompt():
 
 
 def test_openai_batch_input_is_grouped_keeping_every_field_of_each_line(tmp_path):
-    from fleetllm.batch.job_plan import decide_grouping
-    from fleetllm.batch.job_prepare import grouped_shards
-    from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor
+    from fleetllm.batch.planning.job_plan import decide_grouping
+    from fleetllm.batch.planning.job_prepare import grouped_shards
+    from fleetllm.batch.inputs.openai_batch import OpenAIBatchPreprocessor
     from fleetllm.spec import JobSpec
 
     lines = document_lines(docs=70, questions=4)

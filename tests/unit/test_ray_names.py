@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from fleetllm import (ChatTemplateStageConfig, TransformersEngineProcessorConfig, build_processor, sizing,
                       vLLMEngineProcessorConfig)
 from fleetllm.batch import ray_names
-from fleetllm.batch.engine_pool import EnginePool
+from fleetllm.batch.execution.engine_pool import EnginePool
 from fleetllm.engines.fields import FieldError, check_sampling
 from fleetllm.engines.vllm_kwargs import for_transformers
 from fleetllm.errors import SpecError

@@ -11,7 +11,7 @@ from fleetllm.cli import main
 from fleetllm.engines.stream_text import _held_back
 from fleetllm.errors import SpecError
 from fleetllm.serve import LLMConfig
-from fleetllm.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from fleetllm.engines.openai_api.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from fleetllm.serve.spec import ServeSpec, load_serve_spec
 
 ROOT = Path(__file__).resolve().parents[2]

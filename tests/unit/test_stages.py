@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from fleetllm.batch.openai_batch import OpenAIBatchPreprocessor, batch_line
-from fleetllm.batch.stages import TemplatePreprocessor, generate_with_retries
+from fleetllm.batch.inputs.openai_batch import OpenAIBatchPreprocessor
+from fleetllm.engines.openai_api.batch_lines import batch_line
+from fleetllm.batch.execution.stages import TemplatePreprocessor, generate_with_retries
 from fleetllm.engines.base import Completion, GenerationRequest, GenerationResult
 
 
@@ -21,7 +22,7 @@ def test_template_builds_messages_with_system():
 
 
 def test_a_rows_own_sampling_replaces_the_jobs_and_rows_without_take_the_stages():
-    from fleetllm.batch.stages import request_from_row
+    from fleetllm.batch.execution.stages import request_from_row
 
     pre = TemplatePreprocessor(None, "{q}")
     own, plain = pre(_row(q="a", sampling_params={"max_tokens": 3})), pre(_row(q="b"))

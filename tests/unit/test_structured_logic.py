@@ -114,8 +114,8 @@ def test_job_spec_structured_errors_name_the_problem(tmp_path, monkeypatch, give
 
 
 def test_result_columns_and_batch_lines_of_a_constrained_row():
-    from fleetllm.batch.openai_batch import batch_line
-    from fleetllm.batch.stages import result_columns
+    from fleetllm.engines.openai_api.batch_lines import batch_line
+    from fleetllm.batch.execution.stages import result_columns
     from fleetllm.engines.base import Completion, GenerationResult
 
     c = StructuredOutput("json", PERSON)

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from fleetllm.batch import owner
+from fleetllm.batch.output import owner
 from fleetllm.batch.runner import run_job
 from fleetllm.errors import PlanError
 from fleetllm.spec import JobSpec
 
-MAKE = ("import sys, time\nfrom fleetllm.batch import owner\n"
+MAKE = ("import sys, time\nfrom fleetllm.batch.output import owner\n"
         "print(owner.temp_folder('prefix'), owner.temp_folder('logs'), flush=True)\n"
         "time.sleep(float(sys.argv[1]))")
 

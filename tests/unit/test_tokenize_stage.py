@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from fleetllm.batch.tokenize_stage import (
+from fleetllm.batch.execution.tokenize_stage import (
     TOKEN_IDS_COLUMN,
     add_prompt_token_ids,
     load_tokenizer,
@@ -51,7 +51,7 @@ def test_ids_match_the_engines_own_and_bad_rows_are_left_to_the_engine(embedded_
 
     engine = VLLMEngine(embedded_model)  # its prompt path, without starting vLLM
     engine.tokenizer = load_tokenizer(**source)
-    from fleetllm.batch.stages import request_from_row
+    from fleetllm.batch.execution.stages import request_from_row
 
     assert ids[0] == engine.prompt_token_ids(request_from_row(rows[0]))
     assert ids[1] == engine.prompt_token_ids(request_from_row(rows[1]))

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fleetllm.batch.io import _read_whole, read_shard, table_rows_checked, utf8_columns
-from fleetllm.batch.plan import Shard
-from fleetllm.batch.stages import render_template, table_from_rows
+from fleetllm.batch.inputs.input_files import _read_whole, read_shard, table_rows_checked, utf8_columns
+from fleetllm.batch.planning.shards import Shard
+from fleetllm.batch.execution.stages import render_template, table_from_rows
 from fleetllm.engines.base import GenerationRequest
 from fleetllm.engines.chat import check_prompt_chars
 from fleetllm.errors import FleetError, RowError

@@ -65,8 +65,7 @@ ARITHMETIC = {"dtype", "kv_cache_dtype", "quantization", "calculate_kv_scales", 
 
 def test_on_a_gpu_fleetllm_adds_only_the_documented_settings_and_none_of_the_arithmetic():
     for rows in (None, 64, 1024, 4096):
-        engine = VLLMEngine("m")
-        engine.rows_in_flight = rows
+        engine = VLLMEngine("m", rows_in_flight=rows)
         added = set(engine.vllm_kwargs(on_cpu=False))
         assert added <= GIVEN_ON_GPU and not added & ARITHMETIC, (rows, added)
     from fleetllm.engines.vllm_defaults import offline_batch_defaults
@@ -92,3 +91,14 @@ def test_lora_slots_sized_from_the_adapters_with_an_empty_one_on_the_cpu(tmp_pat
     assert lora_kwargs(adapters, {"max_loras": 2}, on_cpu=True) == {"enable_lora": True, "max_lora_rank": 16,
                                                                     "max_cpu_loras": 4}
     assert lora_kwargs({}, {}, on_cpu=True) == {}
+
+
+def test_the_workload_is_given_at_construction():
+    import pytest
+
+    served, batch = VLLMEngine("m", workload="serve"), VLLMEngine("m", rows_in_flight=64)
+    assert served.usage_context == "OPENAI_API_SERVER" and batch.usage_context == "LLM_CLASS"
+    assert served.vllm_kwargs(on_cpu=False)["disable_log_stats"] is False  # serving keeps vLLM's metrics
+    assert batch.vllm_kwargs(on_cpu=False)["disable_log_stats"] is True and batch.rows_in_flight == 64
+    with pytest.raises(ValueError, match="workload 'online'"):
+        VLLMEngine("m", workload="online")

@@ -175,6 +175,8 @@ def main() -> None:
                    help="add the vLLM settings fleetllm gives an offline job of this many rows in flight")
     p.add_argument("--tflops", type=float, default=790.0, help="the bf16 matrix rate the bound assumes")
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument("--timed-from", help="the timed pass from an earlier --skip-profile run's JSON (an in-process "
+                   "engine does not give its GPU memory back, so on a GPU each pass runs in its own process)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -194,7 +196,10 @@ def main() -> None:
 
         engine_kwargs = {**offline_batch_defaults(args.fleetllm_rows, True, {}, vllm_default_max_num_seqs()),
                          **engine_kwargs}
-    timed = one_pass(model, prompts, params, engine_kwargs, profile=False)
+    if args.timed_from:
+        timed = json.loads(Path(args.timed_from).read_text())["timed"]
+    else:
+        timed = one_pass(model, prompts, params, engine_kwargs, profile=False)
     prof = {} if args.skip_profile else one_pass(model, prompts, params, engine_kwargs, profile=True)
     config = json.loads((Path(model) / "config.json").read_text())
     tokens = sum(len(x["prompt_token_ids"]) for x in prompts) + timed["output_tokens"]

@@ -28,6 +28,11 @@ from typing import Any, Mapping
 from fleetllm.engines.capabilities import declared, is_auto, resolve_engine
 from fleetllm.errors import PlanError
 
+# CPUs that replicas leave to the Ray Data stream's own tasks (read, preprocess, tokenize and images take 0.25
+# each). Replicas that take every CPU of the cluster leave those tasks unscheduled: Ray Data holds them
+# "backpressured: ResourceBudget" and the job waits forever (seen: 2 replicas x 1 CPU on a 2-CPU cluster).
+STREAM_CPUS = 0.5
+
 PLACEMENT_STRATEGY = "PACK"
 
 
@@ -160,18 +165,21 @@ def plan_replicas(
         raise PlanError(f"needs {cpus_per_replica:g} CPUs per replica; the cluster has {cluster_cpus:g}; "
                         "lower compute.cpus_per_replica")
 
-    by_cpu = max(1, math.floor(cluster_cpus / cpus_per_replica))
+    # One replica runs in process (no stream tasks), so it may take every CPU; two or more leave STREAM_CPUS.
+    by_cpu = max(1, math.floor((cluster_cpus - STREAM_CPUS) / cpus_per_replica))
     by_gpu = math.floor(cluster_gpus / gpus) if gpus > 0 else None
     fit = min(by_cpu, by_gpu) if by_gpu is not None else by_cpu
     if replicas == "auto":
         count = max(1, fit)
         why = (f"auto: {count} = min({by_gpu} by GPUs, {by_cpu} by CPUs)" if by_gpu is not None
-               else f"auto: {count} = {cluster_cpus:g} CPUs // {cpus_per_replica:g} CPUs per replica")
+               else f"auto: {count} = ({cluster_cpus:g} CPUs - {STREAM_CPUS:g} for the stream) // "
+                    f"{cpus_per_replica:g} CPUs per replica")
     elif isinstance(replicas, int) and not isinstance(replicas, bool) and replicas >= 1:
         if replicas > fit:
             need = (f"{replicas * gpus:g} GPUs and " if gpus > 0 else "") + f"{replicas * cpus_per_replica:g} CPUs"
-            raise PlanError(f"replicas: {replicas} needs {need}; the cluster has {cluster_gpus:g} GPUs and "
-                            f"{cluster_cpus:g} CPUs, room for {fit}; use replicas: {fit} or replicas: auto")
+            raise PlanError(f"replicas: {replicas} needs {need} (and {STREAM_CPUS:g} CPU for the job's read and "
+                            f"preprocess tasks); the cluster has {cluster_gpus:g} GPUs and {cluster_cpus:g} CPUs, "
+                            f"room for {fit}; use replicas: {fit}, replicas: auto or a lower compute.cpus_per_replica")
         count, why = replicas, f"{replicas} as requested"
     else:
         raise PlanError(f"replicas is {replicas!r}; use a whole number >= 1 or 'auto'")

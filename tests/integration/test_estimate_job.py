@@ -104,7 +104,7 @@ def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, 
     chosen = apply_deadline(plan, shape)
     assert 1 < chosen["replicas"] < 8 and plan.replicas == chosen["replicas"]
     assert any("deadline 60s" in line for line in plan.describe())
-    plan = plan_job(spec, resources={"CPU": 2})
+    plan = plan_job(spec, resources={"CPU": 2.5})  # two replicas of one CPU, and the stream's 0.5
     with pytest.raises(DeadlineError, match=r"cannot be met: 1m00s left, and with the most replicas the cluster "
                                             r"allows \(2\).*meeting it needs \d+ replicas"):
         apply_deadline(plan, shape)

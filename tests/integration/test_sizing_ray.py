@@ -21,7 +21,7 @@ def gpu_cluster():
     if was_running:
         ray.shutdown()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=5, num_gpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     yield ray
     ray.shutdown()

@@ -38,19 +38,19 @@ def test_placement_group_bundles_hold_one_gpu_per_vllm_worker():
 
 
 def test_auto_is_bounded_by_cpus_too():
-    plan = plan_replicas("vllm", {}, "auto", 4.0, None, {"CPU": 12.0, "GPU": 8.0})
+    plan = plan_replicas("vllm", {}, "auto", 4.0, None, {"CPU": 13.0, "GPU": 8.0})
     assert plan.replicas == 3
     assert any("min(8 by GPUs, 3 by CPUs)" in line for line in plan.description)
 
 
-@pytest.mark.parametrize("cpus,per,expected", [(4, 1, 4), (4, 3, 1), (16, 2.5, 6), (2, 2, 1)])
+@pytest.mark.parametrize("cpus,per,expected", [(4, 1, 3), (5, 1, 4), (4, 3, 1), (16, 2.5, 6), (2, 2, 1), (1, 1, 1)])
 def test_cpu_engines_size_by_cpus(cpus, per, expected):
     plan = plan_replicas("transformers", {}, "auto", per, None, {"CPU": float(cpus)})
     assert plan.replicas == expected and plan.gpus_per_replica == 0 and not plan.uses_placement_group
 
 
 def test_vllm_on_a_cpu_only_cluster_runs_one_cpu_replica_per_cpu_share():
-    plan = plan_replicas("vllm", {}, "auto", 2.0, None, {"CPU": 4.0})
+    plan = plan_replicas("vllm", {}, "auto", 2.0, None, {"CPU": 5.0})
     assert plan.replicas == 2 and plan.gpus_per_replica == 0
 
 
@@ -69,6 +69,21 @@ def test_explicit_replicas_beyond_the_cluster_are_refused():
     with pytest.raises(PlanError, match=r"replicas: 5 needs 10 GPUs .* room for 4"):
         plan_replicas("vllm", {"tensor_parallel_size": 2}, 5, 1.0, None, GPU8)
     assert plan_replicas("vllm", {"tensor_parallel_size": 2}, 3, 1.0, None, GPU8).replicas == 3
+
+
+def test_replicas_leave_cpus_for_the_streams_tasks():
+    """Two replicas of one CPU on a 2-CPU cluster left the read tasks no CPU and the job hung (Ray Data held them
+    'backpressured: ResourceBudget'): auto keeps STREAM_CPUS free, an explicit count that fills the cluster is
+    refused naming the fix, and one replica (in process, no stream tasks) may still take every CPU."""
+    from fleetllm.sizing import STREAM_CPUS
+
+    assert STREAM_CPUS > 0
+    assert plan_replicas("transformers", {}, "auto", 1.0, None, {"CPU": 2.0}).replicas == 1
+    with pytest.raises(PlanError, match=r"replicas: 2 needs 2 CPUs \(and 0.5 CPU for the job's read and preprocess "
+                                        r"tasks\).* room for 1; use replicas: 1"):
+        plan_replicas("transformers", {}, 2, 1.0, None, {"CPU": 2.0})
+    assert plan_replicas("transformers", {}, 2, 1.0, None, {"CPU": 2.5}).replicas == 2
+    assert plan_replicas("transformers", {}, 1, 2.0, None, {"CPU": 2.0}).replicas == 1
 
 
 def test_bad_values_are_refused():
@@ -119,7 +134,7 @@ def test_plan_for_spec_reads_the_job_spec():
 
     model = ModelSpec(engine="transformers")
     plan = plan_for_spec(model, ComputeSpec(replicas="auto", cpus_per_replica=2), {"CPU": 8.0})
-    assert plan.engine == "transformers" and plan.replicas == 4
+    assert plan.engine == "transformers" and plan.replicas == 3  # 4 x 2 CPUs would leave the stream none
     assert plan.description[0] == "engine: transformers was requested"
     if importlib.util.find_spec("vllm") is not None:
         tp2 = plan_for_spec(ModelSpec(engine="auto", engine_kwargs={"tensor_parallel_size": 2}),

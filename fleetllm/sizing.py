@@ -88,6 +88,13 @@ def local_cpus(min_cpus: float) -> int:
     return max(detected_cpus(), int(min_cpus + 0.999)) + 1
 
 
+def local_run_resources(cpus_per_replica: float, replicas: int | str) -> dict[str, float]:
+    """What a job run on this machine sizes for: the CPUs of the local Ray it would start (local_cpus) and the
+    GPUs. A dry run without a cluster sizes for the same, so it accepts and refuses the counts a run would."""
+    need = cpus_per_replica * (replicas if isinstance(replicas, int) else 1)
+    return {"CPU": float(local_cpus(need)), "GPU": float(local_gpu_count())}
+
+
 def choose_engine(requested: str, gpus: float | None = None) -> tuple[str, str]:
     """(engine name, reason). auto = vLLM when it is importable and a GPU is present, else transformers
     (fleetllm.engines.capabilities.resolve_engine).

@@ -145,10 +145,12 @@ def test_plan_for_spec_reads_the_job_spec():
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 def test_local_cpus_follow_what_the_process_may_use_not_the_machine():
     """Ray's cgroup-aware detection, bounded by the CPU affinity (a pinned container): on one allowed CPU a
-    local run sizes for 1 (+1 for the read tasks), whatever os.cpu_count() says."""
-    probe = ("import json, os; from fleetllm import sizing; from fleetllm.batch.planning.job_plan import local_resources; "
-             "print(json.dumps([os.cpu_count(), sizing.detected_cpus(), sizing.local_cpus(1), local_resources()['CPU']]))")
+    local run (and a dry run without a cluster) sizes for 1 (+1 for the read tasks), whatever os.cpu_count()
+    says."""
+    probe = ("import json, os; from fleetllm import sizing; "
+             "print(json.dumps([os.cpu_count(), sizing.detected_cpus(), sizing.local_cpus(1), "
+             "sizing.local_run_resources(1.0, 1)['CPU']]))")
     out = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     machine, detected, local, planned = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (detected, local, planned) == (1, 2, 1.0), (machine, detected, local, planned)
+    assert (detected, local, planned) == (1, 2, 2.0), (machine, detected, local, planned)

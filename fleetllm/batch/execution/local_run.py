@@ -36,9 +36,7 @@ from fleetllm.spec import JobSpec
 
 
 def local_resources_for_run(spec: JobSpec) -> dict[str, float]:
-    c = spec.compute
-    need = c.cpus_per_replica * (c.replicas if isinstance(c.replicas, int) else 1)
-    return {"CPU": float(sizing.local_cpus(need)), "GPU": float(sizing.local_gpu_count())}
+    return sizing.local_run_resources(spec.compute.cpus_per_replica, spec.compute.replicas)
 
 
 def runs_in_process(spec: JobSpec) -> bool:

@@ -174,11 +174,6 @@ def check_columns(spec: JobSpec) -> list[dict[str, Any]]:
     return rows
 
 
-def local_resources() -> dict[str, float]:
-    """This machine's CPUs and GPUs: what a dry run sizes for when no cluster is connected."""
-    return {"CPU": float(sizing.detected_cpus()), "GPU": float(sizing.local_gpu_count())}
-
-
 def plan_job(spec: JobSpec, *, overwrite: bool = False, preprocess: Callable | None = None,
              resources: dict[str, float] | None = None) -> JobPlan:
     """Plan a job against `resources` (the connected cluster's; default this machine's): the engine,
@@ -187,7 +182,8 @@ def plan_job(spec: JobSpec, *, overwrite: bool = False, preprocess: Callable | N
 
     sized_for = "the connected Ray cluster"
     if resources is None:
-        resources, sized_for = local_resources(), "this machine; a run sizes for the cluster it connects to"
+        resources = sizing.local_run_resources(spec.compute.cpus_per_replica, spec.compute.replicas)
+        sized_for = "this machine; a run sizes for the cluster it connects to"
     replica_plan = sizing.plan_for_spec(spec.model, spec.compute, resources)
     engine, reason = replica_plan.engine, replica_plan.description[0]
     check_sampling_spec(spec, engine)

@@ -172,7 +172,9 @@ def plan_replicas(
         raise PlanError(f"needs {cpus_per_replica:g} CPUs per replica; the cluster has {cluster_cpus:g}; "
                         "lower compute.cpus_per_replica")
 
-    # One replica runs in process (no stream tasks), so it may take every CPU; two or more leave STREAM_CPUS.
+    # Two or more replicas leave STREAM_CPUS (local_cpus' +1 is the room for it on a local Ray). At least one
+    # replica is always planned: in process it needs no stream tasks (on a named cluster of one replica's CPUs
+    # the stream still has none: not refused here, since the plan does not know where it runs).
     by_cpu = max(1, math.floor((cluster_cpus - STREAM_CPUS) / cpus_per_replica))
     by_gpu = math.floor(cluster_gpus / gpus) if gpus > 0 else None
     fit = min(by_cpu, by_gpu) if by_gpu is not None else by_cpu

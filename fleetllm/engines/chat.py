@@ -122,4 +122,3 @@ def prompt_ids(request: GenerationRequest, tokenize: Callable[[GenerationRequest
     if len(ids) == 0:
         raise RowError("the prompt is empty")
     return ids
-

@@ -42,6 +42,7 @@ from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
 from serve_gpu_plan import STOP_RESERVE_S, fleet_variants, print_plan, prompts_for  # noqa: E402
 from serve_servers import Server, bench_env, fleetllm_serve, vllm_serve  # noqa: E402
+from stream_trace_report import load as load_trace, summarize as trace_summary  # noqa: E402
 
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "max_concurrent_requests")
@@ -143,6 +144,15 @@ def start_all(servers: list[Server], doc: dict, deadline: float, out: Path) -> l
     return up
 
 
+def trace_env(env: dict, folder: Path | None) -> dict:
+    """A fleetllm server's environment, with FLEETLLM_STREAM_TRACE where --trace asks for it."""
+    if folder is None:
+        return env
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return {**env, "FLEETLLM_STREAM_TRACE": str(folder)}
+
+
 def compare(args) -> None:
     t_start = time.time()
     deadline = t_start + args.budget_s
@@ -167,8 +177,9 @@ def compare(args) -> None:
            "skipped": [], "dropped_options": []}
     max_c = max([c for _, c in levels] + [1])
     servers = [vllm_serve(model, args.port, kwargs, env, work / "vllm.log")]
-    servers += [fleetllm_serve(model, args.port + 1 + i, kwargs, env, work, name, gpus=1.0 if on_gpu else 0.0,
-                               max_ongoing=max_c, budget=budget, ingress=ingress)
+    traces = {name: Path(args.trace) / name for name, _, _ in variants} if args.trace else {}
+    servers += [fleetllm_serve(model, args.port + 1 + i, kwargs, trace_env(env, traces.get(name)), work, name,
+                               gpus=1.0 if on_gpu else 0.0, max_ongoing=max_c, budget=budget, ingress=ingress)
                 for i, (name, ingress, budget) in enumerate(variants)]
     plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
     doc["planned_s"] = round(print_plan(servers, plan, args))
@@ -194,7 +205,7 @@ def compare(args) -> None:
                 prompts = prompts_for(kind, value, args)
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
                                   value if kind == "rate" else None, prompts)
-                t0 = time.time()
+                t0, m0 = time.time(), time.monotonic()
                 try:
                     result, dropped = run_bench(argv)
                     res = summarize(result)
@@ -205,12 +216,19 @@ def compare(args) -> None:
                 durations[key] = t1 - t0
                 run = {"server": s.name, "round": rnd + 1, kind: value, "prompts": prompts, "wall_s": round(t1 - t0, 1),
                        **res, **{k: v for k, v in sampler.window(t0, t1).items() if not k.endswith("_trace")}}
+                if s.name in traces:  # the replica's own view of this run's streams (stream_trace_report.py)
+                    run["replica_trace"] = trace_summary(load_trace(traces[s.name], m0, time.monotonic()))
                 doc["runs"].append(run)
                 save(doc, out)
                 print(f"round {rnd + 1} {s.name:18s} {kind}={value:<6g} {run.get('output_throughput') or 0:9.1f} tok/s  "
                       f"TTFT p50 {run.get('median_ttft_ms')} ms  ITL p50 {run.get('median_itl_ms')} ms  "
-                      f"tok/chunk {run.get('tokens_per_chunk')}  GPU {run.get('gpu_busy')}  ({run['wall_s']} s)",
-                      flush=True)
+                      f"ITL p99 {run.get('p99_itl_ms')} ms  tok/chunk {run.get('tokens_per_chunk')}  "
+                      f"GPU {run.get('gpu_busy')}  ({run['wall_s']} s)", flush=True)
+                if "replica_trace" in run:
+                    t = run["replica_trace"]
+                    print(f"    replica: engine gap p99 {t['engine_gap_p99_ms']} ms, out gap p99 "
+                          f"{t['out_gap_p99_ms']} ms, engine->loop p99 {t['engine_to_loop_p99_ms']} ms, "
+                          f"loop->out p99 {t['loop_to_out_p99_ms']} ms", flush=True)
     finally:
         for s in reversed(servers):
             s.stop()
@@ -306,6 +324,8 @@ def main() -> None:
     c.add_argument("--waves", type=float, default=2, help="prompts per concurrency run = concurrency x this")
     c.add_argument("--min-prompts", type=int, default=8)
     c.add_argument("--warmups", type=int, default=2, help="vllm bench serve --num-warmups")
+    c.add_argument("--trace", default=None, help="a folder: fleetllm servers write per-token timestamps there "
+                   "(FLEETLLM_STREAM_TRACE) and each run keeps the replica's gaps (replica_trace)")
     c.add_argument("--fleet-budget", type=float, default=None, help="fleetllm's stream_messages_per_s (default: its own)")
     r.add_argument("--gpu-mem", type=float, default=0.45, help="gpu_memory_utilization of each replica")
     r.add_argument("--kv-cache-gib", type=float, default=32, help="each replica's KV cache on a GPU (fixed, so the "

@@ -96,6 +96,7 @@ class StreamDelta:
     num_input_tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None
     num_cached_tokens: int | None = None  # prompt tokens the engine found in its prefix cache (when it says)
+    emitted_at: float | None = None  # time.monotonic() when the engine's output reached fleetllm (stream traces)
 
 
 @dataclass

@@ -339,7 +339,10 @@ class StreamBatcher:
     def _flush(self) -> None:
         """Hand this step's deltas to their event loops: one wake-up per loop, not one per row."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        now = time.monotonic()
         for req, item in self._outbox:
+            if isinstance(item, StreamDelta):
+                item.emitted_at = now  # when the step's output left the engine (stream traces)
             by_loop.setdefault(req.loop, []).append((req.queue, item))
         self._outbox.clear()
         for loop, items in by_loop.items():

@@ -22,6 +22,7 @@ import gc
 import itertools
 import logging
 import os
+import time
 import uuid
 from concurrent.futures import Future
 from typing import Any, AsyncIterator, Coroutine
@@ -328,7 +329,7 @@ class VLLMEngine(VLLMRequests, Engine):
         async def pump() -> None:  # runs on the engine's loop
             try:
                 async for out in self._llm.generate(prompt, params, request_id, lora_request=lora, **extra):
-                    caller.call_soon_threadsafe(queue.put_nowait, out)
+                    caller.call_soon_threadsafe(queue.put_nowait, (out, time.monotonic()))
                 caller.call_soon_threadsafe(queue.put_nowait, done)
             except asyncio.CancelledError:
                 raise
@@ -344,6 +345,7 @@ class VLLMEngine(VLLMRequests, Engine):
                     return
                 if isinstance(item, Exception):
                     raise self._failure(item) from item
+                item, emitted_at = item
                 for out in item.outputs:
                     counts[out.index] = counts.get(out.index, 0) + len(out.token_ids)
                     finish = out.finish_reason if out.finish_reason in ("stop", "length") else None
@@ -354,7 +356,7 @@ class VLLMEngine(VLLMRequests, Engine):
                         finish_reason=finish,
                         num_input_tokens=len(item.prompt_token_ids or prompt.get("prompt_token_ids") or []),
                         logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
-                        num_cached_tokens=item.num_cached_tokens,
+                        num_cached_tokens=item.num_cached_tokens, emitted_at=emitted_at,
                     )
         finally:
             if not future.done():

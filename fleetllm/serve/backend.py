@@ -22,6 +22,7 @@ from fleetllm.serve.echo import echo_item
 from fleetllm.serve.defaults import model_sampling_defaults, with_defaults
 from fleetllm.engines.openai_api.protocol import APIError, overloaded
 from fleetllm.serve.spec import LLMConfig
+from fleetllm.serve.stream_trace import new_trace
 
 # How often one request's deltas are sent: every message costs CPU in the replica, the ingress, the HTTP
 # proxy and the client (2-3 ms together on this 2-core machine) whatever it carries. A replica sends at
@@ -206,12 +207,16 @@ class ModelServer:
         state: dict[str, Any] = {"done": False, "error": None}
 
         seen = RequestSeen(time.monotonic())
+        trace = new_trace()  # FLEETLLM_STREAM_TRACE: per-token timestamps (fleetllm.serve.stream_trace)
 
         async def pump() -> None:
             try:
                 async for delta in self.engine.generate_stream(request):
                     seen.add(delta)
                     item = dataclasses.asdict(delta)
+                    emitted_at = item.pop("emitted_at")
+                    if trace is not None:
+                        trace.delta(emitted_at)
                     item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
                     buf.append(item)
                     wake.set()
@@ -249,6 +254,8 @@ class ModelServer:
                     if first:  # which replica answers (the API's x-fleetllm-replica header)
                         items[0]["replica"], items[0]["echo"], first = self.replica_id, echo, False
                     last = time.monotonic()
+                    if trace is not None:
+                        trace.sent(len(items))
                     yield items
                 if state["done"]:
                     if state["error"] is not None:
@@ -256,6 +263,8 @@ class ModelServer:
                     return
         finally:
             self.ongoing -= 1
+            if trace is not None:
+                trace.write()
             if not task.done():  # the caller went away: closing the engine stream cancels the request
                 task.cancel()
                 try:

@@ -162,6 +162,36 @@ def test_one_stream_under_the_budget_gets_its_deltas_as_they_come(app):
     assert stream.headers["x-fleetllm-replica"] == whole.headers["x-fleetllm-replica"] == "local"
 
 
+def test_a_stream_trace_records_every_delta_once_in_order(app, tmp_path, monkeypatch):
+    """FLEETLLM_STREAM_TRACE (fleetllm.serve.stream_trace): one line per stream, a timestamp per delta at the
+    engine and at the serving loop, each message's time and delta count; the report reads them back."""
+    import importlib.util
+    from pathlib import Path
+
+    from fleetllm.serve import stream_trace
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_trace_report.py"
+    spec = importlib.util.spec_from_file_location("stream_trace_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    monkeypatch.setattr(stream_trace, "TRACE_DIR", str(tmp_path))
+    _, servers = app
+    tiny = servers["tiny"]
+    cfg = tiny.config.model_copy(update={"stream_messages_per_s": 3000.0})
+    api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine))})
+    asks = [[{"role": "user", "content": f"count {i}"}] for i in range(3)]
+    call(api, *[chat(max_tokens=24, messages=m, ignore_eos=True, stream=True, temperature=0) for m in asks])
+    streams = report.load(tmp_path)
+    assert len(streams) == 3
+    for s in streams:
+        assert len(s["engine"]) == len(s["loop"]) >= 24 and sum(n for _, n in s["out"]) == len(s["loop"])
+        assert all(0 <= e <= lp for e, lp in zip(s["engine"], s["loop"]))  # the engine stamped it first
+        assert s["loop"] == sorted(s["loop"]) and s["loop"][-1] <= s["out"][-1][0]
+    row = report.summarize(streams)
+    assert row["streams"] == 3 and row["deltas"] >= 72 and row["engine_to_loop_p99_ms"] >= 0
+
+
 def test_chat_template_kwargs_reach_the_template(app):
     api, _ = app
     plain, loud = call(api, chat(model="themed", max_tokens=1),

@@ -1,0 +1,93 @@
+"""Where a served token waits: the gaps and hop delays of FLEETLLM_STREAM_TRACE files (fleetllm.serve.stream_trace).
+
+    python benchmarks/stream_trace_report.py TRACE_DIR [--from MONO --to MONO] [--json R.json]
+
+Per stream, from the replica's own clock (time.monotonic, shared by every process of the machine):
+- engine gap: between two engine outputs of one stream (vLLM's step cadence as fleetllm receives it)
+- out gap: between two messages leaving the replica's ModelServer (what the SSE writer is handed)
+- engine -> loop: an output's wait from the engine's event loop to the serving event loop (a thread hop)
+- loop -> out: a delta's wait in ModelServer before the message that carries it leaves (the stream budget's
+  merging, and the serving loop's other work)
+Set beside the client's ITL: a p99 gap the client sees and `out` does not is added after ModelServer (the
+SSE writer, Ray Serve, the HTTP proxy); one `out` shows and `engine` does not is added in the replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load(folder: str | Path, start: float | None = None, end: float | None = None) -> list[dict]:
+    """Streams whose first delta reached the serving loop within [start, end] (monotonic seconds)."""
+    streams = []
+    for path in sorted(Path(folder).glob("stream-trace-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                s = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a killed server
+                continue
+            if not s.get("loop"):
+                continue
+            t = s["loop"][0]
+            if (start is None or t >= start) and (end is None or t <= end):
+                streams.append(s)
+    return streams
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q / 100 * len(v)))]
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def summarize(streams: list[dict]) -> dict:
+    """Percentiles in ms of each gap and hop over all streams (the first delta of a stream has no gap)."""
+    engine, out, hop, wait = [], [], [], []
+    for s in streams:
+        eng = [t for t in s["engine"] if t >= 0]
+        engine += gaps(eng)
+        out += gaps([t for t, _ in s["out"]])
+        hop += [b - a for a, b in zip(s["engine"], s["loop"]) if a >= 0]
+        sent = iter(s["out"])  # each delta leaves with the first message at or after its arrival
+        cur = next(sent, None)
+        for t in s["loop"]:
+            while cur is not None and cur[0] < t:
+                cur = next(sent, None)
+            if cur is not None:
+                wait.append(cur[0] - t)
+    row = {"streams": len(streams), "deltas": sum(len(s["loop"]) for s in streams),
+           "messages": sum(len(s["out"]) for s in streams)}
+    for name, vals in (("engine_gap", engine), ("out_gap", out), ("engine_to_loop", hop), ("loop_to_out", wait)):
+        for q in (50, 99):
+            v = pct(vals, q)
+            row[f"{name}_p{q}_ms"] = round(v * 1000, 2) if v is not None else None
+        row[f"{name}_max_ms"] = round(max(vals) * 1000, 2) if vals else None
+    long_out = [g for g in out if g > 0.015]
+    row["out_gaps_over_15ms"] = len(long_out)
+    row["engine_gaps_over_15ms"] = sum(1 for g in engine if g > 0.015)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder")
+    p.add_argument("--from", dest="start", type=float, default=None)
+    p.add_argument("--to", dest="end", type=float, default=None)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    row = summarize(load(a.folder, a.start, a.end))
+    for k, v in row.items():
+        print(f"{k:28s} {v}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -158,8 +158,9 @@ class Eta:
         return left_pred * (1 + w * (speed - 1))
 
     def _running_work(self, running: tuple[int, ...], tokens_each: float) -> Work:
-        """The work of the running sequences (on this replica) with `tokens_each` output tokens each."""
-        rows = max(1, round(len(running) / self.shape.n))
+        """The work of the running sequences with `tokens_each` output tokens each, per replica (as the
+        rows done and left are: replica_work)."""
+        rows = max(1, round(len(running) / (self.shape.n * max(1, self.layout.replicas))))
         length = max(0, round(tokens_each))
         return replace(replica_work(self.shape, self.layout, (length,), rows), rows=rows)
 

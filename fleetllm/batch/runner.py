@@ -184,8 +184,10 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         wait_listeners.append(listen)
     try:
         if plan.pending:  # one local replica: no Ray (fleetllm.batch.execution.local_run); else the Ray Data stream
-            run_shards = local_run.run_shards if in_process else run_on_ray
-            times = run_shards(plan, preprocessor, commit)
+            if in_process:  # the live ETA reads the engine's progress (estimate_live.RunEstimate.watch)
+                times = local_run.run_shards(plan, preprocessor, commit, estimate.watch if estimate else None)
+            else:
+                times = run_on_ray(plan, preprocessor, commit)
             if times["ready"] < float("inf"):
                 ready_at.append(times["ready"])
             first_call, last_done = times["first_call"], times["last_done"]

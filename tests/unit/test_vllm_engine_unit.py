@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
-from fleetllm.engines.base import GenerationRequest
+from fleetllm.engines.base import Completion, GenerationRequest, GenerationResult
 from fleetllm.engines.vllm_engine import CPU_KV_CACHE_BYTES, VLLMEngine
 from fleetllm.engines.vllm_requests import to_plain
 from fleetllm.errors import EngineError
@@ -102,3 +105,25 @@ def test_the_workload_is_given_at_construction():
     assert batch.vllm_kwargs(on_cpu=False)["disable_log_stats"] is True and batch.rows_in_flight == 64
     with pytest.raises(ValueError, match="workload 'online'"):
         VLLMEngine("m", workload="online")
+
+
+def test_progress_counts_finished_requests_and_the_tokens_of_running_ones():
+    """What the live ETA reads between commits: vLLM's request states (tokens so far of each request past
+    its prefill; a FINAL_ONLY request's too) and the requests generate() finished."""
+    state = lambda n: SimpleNamespace(detokenizer=SimpleNamespace(num_output_tokens=lambda: n))
+    engine = VLLMEngine("m")
+    assert engine.progress() is None  # not started
+    engine._llm = SimpleNamespace(output_processor=SimpleNamespace(
+        request_states={"a": state(7), "b": state(0), "c": state(2), "d": SimpleNamespace(detokenizer=None)}))
+    engine._finished = [3, 40]
+    progress = engine.progress()
+    assert (progress.finished, progress.finished_tokens, progress.running) == (3, 40, (7, 2))
+
+    async def final(*_args):
+        return GenerationResult(completions=[Completion(text="x", num_generated_tokens=5, finish_reason="stop")])
+
+    engine._generate_final = final
+    asyncio.run(engine._generate_one({}, None, "r"))
+    assert engine._finished == [4, 45]
+    engine._llm = SimpleNamespace()  # a vLLM that keeps its requests elsewhere: not counted
+    assert engine.progress() is None

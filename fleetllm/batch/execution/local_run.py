@@ -99,9 +99,10 @@ class EngineStarter:
             self._stage = None
 
 
-def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
+def run_shards(plan, preprocessor, on_shard, on_engine=None) -> dict[str, float]:
     """Run every pending shard through one in-process engine; `on_shard(shard, table)` commits each in
-    this thread as it completes. Returns the engine's timestamps (ready, first call, last call done)."""
+    this thread as it completes (`on_engine(engine)` is called once before the first: the live ETA reads
+    the engine's progress). Returns the engine's timestamps (ready, first call, last call done)."""
     from fleetllm.batch.planning.job_plan import engine_pool
     from fleetllm.batch.execution.pipeline import job_stages
     from fleetllm.engines.capabilities import capabilities
@@ -158,6 +159,9 @@ def run_shards(plan, preprocessor, on_shard) -> dict[str, float]:
                     times["ready"] = min(times["ready"], starter.stage().ready_at)
                     times["first_call"] = min([times["first_call"], *table.column("_started").to_pylist()])
                     times["last_done"] = max([times["last_done"], *table.column("_finished").to_pylist()])
+                    if on_engine is not None:
+                        on_engine, watch = None, on_engine
+                        watch(starter.stage().engine)
                     on_shard(shard, table)
     except BaseException:
         for fut in running:

@@ -49,7 +49,8 @@ class RunEstimate:
         self.ready: float | None = None
         self.calls: list = []  # fleetllm.estimate.observe.CallRows
         self.lengths: list[int] = []
-        self.log: list[list[float]] = []  # [seconds since start, rows done, ETA seconds]
+        self.log: list[list[float]] = []  # [seconds since start, rows done, ETA seconds, sequences running]
+        self.engine_progress = None  # () -> EngineProgress | None: the in-process engine's (watch())
 
     def _made(self) -> None:
         if self.eta_model is None:
@@ -69,14 +70,27 @@ class RunEstimate:
         if self.ready is not None and time.time() - self.ready <= OBSERVE_S:
             self.calls.extend(group_calls(rows, self.default_n))
 
+    def watch(self, engine) -> None:
+        """The run's engine is in this process (fleetllm.batch.execution.local_run): the ETA also reads
+        the work it has done on rows not committed yet (Engine.progress; None from engines that do not
+        count it). Rows on Ray replicas come back only complete, so there the ETA sees committed rows."""
+        self.engine_progress = engine.progress
+
     def eta(self, rows_done: int, output_tokens_done: int) -> float | None:
-        """Seconds left, from the model (progress.JobProgress calls it after each commit)."""
+        """Seconds left, from the model (progress.JobProgress calls it after each commit). With the
+        engine's progress: the rows it finished (committed or not: a shard commits once all its rows are)
+        and the tokens of those still running count as done."""
         if self.ready is None:
             return None
         now = time.time()
-        left = self.eta_model.seconds_left(rows_done, output_tokens_done, now - self.ready)
+        live = self.engine_progress() if self.engine_progress is not None else None
+        running: tuple[int, ...] = ()
+        rows, tokens = rows_done, output_tokens_done
+        if live is not None:
+            rows, tokens, running = max(rows, live.finished), max(tokens, live.finished_tokens), live.running
+        left = self.eta_model.seconds_left(rows, tokens, now - self.ready, running)
         if left is not None:
-            self.log.append([round(now - self.t0, 3), rows_done, round(left, 2)])
+            self.log.append([round(now - self.t0, 3), rows_done, round(left, 2), len(running)])
         return left
 
     def finish(self, report: dict[str, Any]) -> None:
@@ -93,7 +107,7 @@ class RunEstimate:
                        "rows": report.get("rows_computed"),
                        "generation_end_s": (round(timeline["last_commit"] - start, 3)
                                             if "last_commit" in timeline else None)},
-            "eta_log": {"columns": ["t_s", "rows_done", "eta_s"], "points": self.log},
+            "eta_log": {"columns": ["t_s", "rows_done", "eta_s", "running"], "points": self.log},
         }
         try:
             self.learn(report, timeline)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
-from serve_gpu_plan import STOP_RESERVE_S, fleet_variants, print_plan, prompts_for  # noqa: E402
+from serve_gpu_plan import STOP_RESERVE_S, fleet_variants, print_plan, prompts_for, variant_env  # noqa: E402
 from serve_servers import Server, bench_env, fleetllm_serve, vllm_serve  # noqa: E402
 from stream_trace_report import load as load_trace, summarize as trace_summary  # noqa: E402
 
@@ -159,7 +159,7 @@ def compare(args) -> None:
     out = Path(args.out)
     variants = fleet_variants(args.fleet, args.fleet_budget)
     if args.gpu_mem is None:  # all servers up at once on one GPU
-        args.gpu_mem = int(0.9 / (1 + len(variants)) * 20) / 20
+        args.gpu_mem = int(0.9 / (len(variants) + (not args.no_vllm)) * 20) / 20
     models = make_models(args.tokenizer_dir, Path(args.models_dir).expanduser())
     model = models[args.shape]
     on_gpu = shutil.which("nvidia-smi") is not None
@@ -176,9 +176,10 @@ def compare(args) -> None:
            "gpu_mem": args.gpu_mem, "machine": machine() if not args.plan_only else {}, "servers": {}, "runs": [],
            "skipped": [], "dropped_options": []}
     max_c = max([c for _, c in levels] + [1])
-    servers = [vllm_serve(model, args.port, kwargs, env, work / "vllm.log")]
+    servers = [] if args.no_vllm else [vllm_serve(model, args.port, kwargs, env, work / "vllm.log")]
     traces = {name: Path(args.trace) / name for name, _, _ in variants} if args.trace else {}
-    servers += [fleetllm_serve(model, args.port + 1 + i, kwargs, trace_env(env, traces.get(name)), work, name,
+    servers += [fleetllm_serve(model, args.port + 1 + i, kwargs, {**trace_env(env, traces.get(name)),
+                                                                   **variant_env(name)}, work, name,
                                gpus=1.0 if on_gpu else 0.0, max_ongoing=max_c, budget=budget, ingress=ingress)
                 for i, (name, ingress, budget) in enumerate(variants)]
     plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
@@ -324,6 +325,7 @@ def main() -> None:
     c.add_argument("--waves", type=float, default=2, help="prompts per concurrency run = concurrency x this")
     c.add_argument("--min-prompts", type=int, default=8)
     c.add_argument("--warmups", type=int, default=2, help="vllm bench serve --num-warmups")
+    c.add_argument("--no-vllm", action="store_true", help="fleetllm variants only (an A/B of fleetllm settings)")
     c.add_argument("--trace", default=None, help="a folder: fleetllm servers write per-token timestamps there "
                    "(FLEETLLM_STREAM_TRACE) and each run keeps the replica's gaps (replica_trace)")
     c.add_argument("--fleet-budget", type=float, default=None, help="fleetllm's stream_messages_per_s (default: its own)")

@@ -6,10 +6,25 @@ from __future__ import annotations
 STOP_RESERVE_S = 25.0  # stopping the servers at the end
 
 
+# Environment tweaks a variant may name after its ingress (`direct+samethread`): Ray Serve settings of the
+# replica process, to A/B where a streamed token waits (benchmarks/NOTES-serve.md).
+TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
+
+
+def variant_env(name: str) -> dict[str, str]:
+    """The environment a variant's tweaks add (server name `fleetllm-direct-samethread` -> its variables)."""
+    return {k: v for tweak, env in TWEAKS.items() if name.endswith(f"-{tweak}") or f"-{tweak}-" in name
+            for k, v in env.items()}
+
+
 def fleet_variants(text: str, default_budget: float | None) -> list[tuple[str, str, float | None]]:
-    """`direct,separate@2000` -> [(server name, ingress, stream_messages_per_s)]: a fleetllm server each."""
+    """`direct,separate@2000,direct+samethread` -> [(server name, ingress, stream_messages_per_s)]: a fleetllm
+    server each (a `+tweak` adds TWEAKS[tweak] to its environment: variant_env)."""
     out: list[tuple[str, str, float | None]] = []
     for item in (x.strip() for x in text.split(",") if x.strip()):
+        item, *tweaks = item.split("+")
+        if any(t not in TWEAKS for t in tweaks):
+            raise SystemExit(f"--fleet: unknown tweak in {tweaks}; known: {sorted(TWEAKS)}")
         ingress, _, budget = item.partition("@")
         try:
             value = float(budget) if budget else default_budget
@@ -18,7 +33,7 @@ def fleet_variants(text: str, default_budget: float | None) -> list[tuple[str, s
         if ingress not in ("auto", "direct", "separate") or (value is not None and value <= 0):
             raise SystemExit(f"--fleet: {item!r} is not INGRESS[@MESSAGES_PER_S] with INGRESS direct, separate or "
                              "auto and a budget > 0, e.g. direct,separate@2000")
-        name = f"fleetllm-{ingress}" + (f"-{value:g}" if budget else "")
+        name = f"fleetllm-{ingress}" + (f"-{value:g}" if budget else "") + "".join(f"-{t}" for t in tweaks)
         if name in [n for n, _, _ in out]:
             raise SystemExit(f"--fleet: {item!r} is given twice")
         out.append((name, ingress, value))

@@ -18,9 +18,11 @@ def _rows():
 def test_one_struct_column_with_the_replicas_fields():
     table = table_from_rows(_rows())
     assert [f.name for f in table.schema.field(RUN).type] == list(FIELDS)
-    assert run_field(table, "started") == [11.0, 11.0, 11.5] and run_field(table, "node") == ["node-a", "node-a", "node-b"]
+    assert run_field(table, "started") == [11.0, 11.0, 11.5]
+    assert run_field(table, "node") == ["node-a", "node-a", "node-b"]
     assert run_field(table.drop_columns([RUN]), "started") == []  # rows that never reached an engine
-    assert RUN in INTERNAL_COLUMNS and not {"_node", "_replica", "_ready", "_started", "_finished"} & set(INTERNAL_COLUMNS)
+    former = {"_node", "_replica", "_ready", "_started", "_finished"}
+    assert RUN in INTERNAL_COLUMNS and not former & set(INTERNAL_COLUMNS)
 
 
 def test_the_driver_reads_replicas_and_calls_from_it():
@@ -30,7 +32,8 @@ def test_the_driver_reads_replicas_and_calls_from_it():
     assert [(r["node"], r["ready_s"], r["rows"]) for r in series.as_dict(10.0, 5.0, 6.0)["replicas"]] == [
         ("node-a", 1.0, 2), ("node-b", 1.5, 1)]
     calls = group_calls(table.to_pylist())
-    assert [(c.replica, c.started, c.finished, len(c.rows)) for c in calls] == [("r1", 11.0, 12.0, 2), ("r2", 11.5, 13.0, 1)]
+    assert [(c.replica, c.started, c.finished, len(c.rows)) for c in calls] == [
+        ("r1", 11.0, 12.0, 2), ("r2", 11.5, 13.0, 1)]
 
 
 def test_the_former_names_stay_reserved_input_names():

@@ -198,8 +198,8 @@ def _fitting_plan(c: _ProcessorConfig):
 
 
 def _drop_internal(row: Row) -> Row:
-    """The row without the columns the engine stage adds for `fleetllm run` (its replica's node and
-    timestamps, the token ids handed to vLLM): the user's columns and OUTPUT_COLUMNS stay."""
+    """The row without the columns the engine stage adds for `fleetllm run` (its replica's telemetry `_run`,
+    the token ids handed to vLLM): the user's columns and OUTPUT_COLUMNS stay."""
     from fleetllm.batch.execution.stages import INTERNAL_COLUMNS
 
     for name in INTERNAL_COLUMNS:

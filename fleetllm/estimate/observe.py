@@ -88,14 +88,15 @@ def output_lengths(rows: Sequence[dict], default_n: int = 1) -> list[int]:
 
 
 def group_calls(rows: Sequence[dict], default_n: int = 1) -> list[CallRows]:
-    """Rows returned by the engine stage (columns `_replica`, `_started`, `_finished`,
-    `num_input_tokens`, `num_generated_tokens`, `_cached_tokens`, `n`) grouped into their calls;
-    rows with an error are left out (they did no decoding)."""
+    """Rows returned by the engine stage (columns `_run`: the replica's telemetry, {replica, started,
+    finished, ...} (fleetllm.batch.execution.telemetry), `num_input_tokens`, `num_generated_tokens`,
+    `_cached_tokens`, `n`) grouped into their calls; rows with an error are left out (they did no decoding)."""
     groups: dict[tuple, list[RowTokens]] = {}
     for row in rows:
-        if row.get("error") or row.get("_started") is None or row.get("_finished") is None:
+        run = row.get("_run") or {}
+        if row.get("error") or run.get("started") is None or run.get("finished") is None:
             continue
-        key = (row.get("_replica"), row["_started"], row["_finished"])
+        key = (run.get("replica"), run["started"], run["finished"])
         groups.setdefault(key, []).append(RowTokens(int(row.get("num_input_tokens") or 0),
                                                     int(row.get("_cached_tokens") or 0),
                                                     int(row.get("num_generated_tokens") or 0), row_n(row, default_n)))

@@ -19,7 +19,7 @@ def test_processor_keeps_input_columns_and_adds_outputs(ray_local, tiny_model):
     for r in rows:
         assert r["instruction"].startswith("Say") and r["answer"] == r["generated_text"]
         assert 0 < r["num_generated_tokens"] <= 5 and r["num_input_tokens"] > 0 and r["error"] is None
-        assert "_node" not in r
+        assert "_run" not in r and "_node" not in r  # the replica's telemetry stays inside
     # exactly the user's columns (input, preprocess, postprocess) and the documented output columns
     from fleetllm.batch.processor import OUTPUT_COLUMNS
 

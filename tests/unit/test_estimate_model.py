@@ -159,9 +159,10 @@ def test_choose_replicas_takes_the_fewest_and_refuses_with_the_shortfall():
 
 
 def test_observations_from_engine_rows():
-    rows = [{"_replica": "r", "_started": 1.0, "_finished": 3.0, "num_input_tokens": 100, "_cached_tokens": 32,
+    run = {"node": "n", "replica": "r", "ready": 0.5, "started": 1.0, "finished": 3.0}
+    rows = [{"_run": run, "num_input_tokens": 100, "_cached_tokens": 32,
              "num_generated_tokens": out, "sampling_params": json.dumps({"n": 1})} for out in (10, 30)]
-    rows.append({"_replica": "r", "_started": 1.0, "_finished": 3.0, "error": "too long"})
+    rows.append({"_run": run, "error": "too long"})
     [call] = group_calls(rows)
     assert len(call.rows) == 2
     static = call_from_rows(call, STATIC)

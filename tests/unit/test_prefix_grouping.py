@@ -98,6 +98,35 @@ def test_a_second_plan_reuses_the_grouped_files(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in marker.parent.iterdir()} == written
 
 
+def test_grouped_files_of_an_earlier_version_read_the_same(tmp_path):
+    """The grouped rows carry their own file and line as `_file` / `_source_line`, the names they have in
+    memory; a folder grouped by an earlier version (`_src_file` / `_src_line` on disk) resumes with the same rows."""
+    rows = docs_questions(docs=10, questions=3)
+    _, shards, by_shard = grouped(tmp_path, rows, shard_rows=10)
+    files = sorted((tmp_path / "out" / "_fleetllm" / "grouped").rglob("*.jsonl"))
+    on_disk = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert all({"_file", "_source_line"} <= set(r) and not {"_src_file", "_src_line", "_line"} & set(r)
+               for r in on_disk)
+    for f in files:  # rewritten as an earlier version wrote them (read whole below: offsets are not reused)
+        old = []
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            r["_src_file"], r["_src_line"] = r.pop("_file"), r.pop("_source_line")
+            old.append(json.dumps(r) + "\n")
+        f.write_text("".join(old))
+    pre = TemplatePreprocessor(None, TEMPLATE)
+    again, before = {}, {}
+    for f in files:
+        for s in plan_shards(describe_files(str(f), GROUPED_FORMAT, 10), 10):
+            rows_read = [pre(r) for r in read_shard_rows(s.to_dict(), GROUPED_FORMAT)]
+            again.setdefault(f.name, []).extend({k: v for k, v in r.items() if k != "_shard"} for r in rows_read)
+    for s in shards:
+        before.setdefault(s.rel.split("/")[-1], []).extend(
+            {k: v for k, v in r.items() if k != "_shard"} for r in by_shard[s.shard_id])
+    assert again == before and sum(map(len, again.values())) == len(rows)
+    assert all(r["_source_line"] == int(r["row_id"].split(":")[1]) for rs in again.values() for r in rs)
+
+
 @pytest.mark.parametrize("questions, on", [(1, False), (4, True)])
 def test_auto_groups_only_when_the_sample_shows_shared_prefixes(tmp_path, questions, on):
     rows = docs_questions(docs=2048 // questions, questions=questions)

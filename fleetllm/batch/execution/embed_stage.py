@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetllm.batch.execution.stages import (TemplatePreprocessor, render_template, replica_id, replica_node_id,
                                    table_from_rows)
+from fleetllm.batch.execution.telemetry import RUN, stamp
 from fleetllm.engines.base import EmbeddingRequest, EmbeddingResult
 from fleetllm.errors import FleetError
 
@@ -131,6 +132,7 @@ class EmbedStage:
             requests.extend(reqs)
         results = self._embed(requests) if requests else []
         finished = time.time()
+        run = stamp(self.node_id, self.replica, self.ready_at, started, finished)
         out = []
         for i, row in enumerate(rows):
             batch_line = row.get("_embed_inputs") is not None
@@ -147,8 +149,7 @@ class EmbedStage:
                 row["embedding"] = vectors[0] if vectors else None
             for key in ("_embed_text", "_embed_inputs", "_embed_dimensions"):
                 row.pop(key, None)
-            row.update(_node=self.node_id, _replica=self.replica, _ready=self.ready_at, _started=started,
-                       _finished=finished)
+            row[RUN] = run
             out.append(row)
         return table_from_rows(out)
 

@@ -32,6 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from fleetllm import sizing
+from fleetllm.batch.execution.telemetry import run_field
 from fleetllm.spec import JobSpec
 
 
@@ -157,8 +158,8 @@ def run_shards(plan, preprocessor, on_shard, on_engine=None) -> dict[str, float]
                     shard = running.pop(fut)
                     table = fut.result()  # an engine that died fails the run; committed shards stay
                     times["ready"] = min(times["ready"], starter.stage().ready_at)
-                    times["first_call"] = min([times["first_call"], *table.column("_started").to_pylist()])
-                    times["last_done"] = max([times["last_done"], *table.column("_finished").to_pylist()])
+                    times["first_call"] = min([times["first_call"], *run_field(table, "started")])
+                    times["last_done"] = max([times["last_done"], *run_field(table, "finished")])
                     if on_engine is not None:
                         on_engine, watch = None, on_engine
                         watch(starter.stage().engine)

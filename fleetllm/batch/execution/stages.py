@@ -16,15 +16,17 @@ import time
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from fleetllm.batch.execution.telemetry import RUN, stamp
 from fleetllm.engines.base import GenerationRequest, GenerationResult
 from fleetllm.errors import EndpointError, FleetError
 from fleetllm.structured import StructuredOutput
 
 OUTPUT_COLUMNS = ("generated_text", "num_input_tokens", "num_generated_tokens", "finish_reason", "error")
-# Columns the job runner uses internally and drops before writing.
-INTERNAL_COLUMNS = ("_shard", "_line", "_file", "_node", "_replica", "_ready", "_started", "_finished", "_input_error",
-                    "_raw", "sampling_params", "_prompt_token_ids", "_messages", "_source_line", "_cached_tokens",
-                    "_images", "_adapter")
+# Columns the job runner uses internally and drops before writing (docs/architecture.md names them): `_run`
+# is the replica's telemetry (fleetllm.batch.execution.telemetry), `_source_line` a grouped shard's row's line
+# in its own file (fleetllm.batch.planning.prefix; `_line` is its line in the shard's file).
+INTERNAL_COLUMNS = ("_shard", "_line", "_file", RUN, "_input_error", "_raw", "sampling_params", "_prompt_token_ids",
+                    "_messages", "_source_line", "_cached_tokens", "_images", "_adapter")
 # The output columns' types: shards whose rows all lack a value (a null column) still share one schema.
 OUTPUT_TYPES = {"row_id": "string", "generated_text": "string", "num_input_tokens": "int64",
                 "num_generated_tokens": "int64", "finish_reason": "string", "error": "string", "attempts": "int64",
@@ -343,6 +345,7 @@ class EngineStage:
         n_max = max([int(r.sampling.get("n") or 1) for r in requests] or [1])
         done = {i: (res, att, req.structured) for i, res, att, req in zip(todo, results, attempts, requests)}
         structured = any(req.structured is not None for req in requests)
+        run = stamp(self.node_id, self.replica, self.ready_at, started, finished)
         out = []
         for i, row in enumerate(rows):
             if structured:
@@ -357,10 +360,6 @@ class EngineStage:
                     row["completions"] = []
             row.pop("_prompt_token_ids", None)  # used; not carried back through Ray
             row["_cached_tokens"] = done[i][0].num_cached_tokens if i in done else None
-            row["_node"] = self.node_id
-            row["_replica"] = self.replica
-            row["_ready"] = self.ready_at
-            row["_started"] = started
-            row["_finished"] = finished
+            row[RUN] = run
             out.append(row)
         return table_from_rows(out)

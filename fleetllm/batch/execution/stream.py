@@ -17,6 +17,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from fleetllm import sizing
+from fleetllm.batch.execution.telemetry import run_field
 from fleetllm.batch.output.assemble import ShardAssembler
 from fleetllm.batch.planning.job_plan import JobPlan, engine_pool
 from fleetllm.spec import JobSpec
@@ -108,11 +109,10 @@ def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Ca
     assembler = ShardAssembler(plan.pending)
     ds = build_dataset(plan, preprocessor)
     for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
-        if times["ready"] == float("inf") and "_ready" in batch.column_names:
-            times["ready"] = min(batch.column("_ready").to_pylist())
-        if "_started" in batch.column_names:
-            times["first_call"] = min([times["first_call"], *batch.column("_started").to_pylist()])
-            times["last_done"] = max([times["last_done"], *batch.column("_finished").to_pylist()])
+        if times["ready"] == float("inf") and run_field(batch, "ready"):
+            times["ready"] = min(run_field(batch, "ready"))
+        times["first_call"] = min([times["first_call"], *run_field(batch, "started")])
+        times["last_done"] = max([times["last_done"], *run_field(batch, "finished")])
         for shard_id, table in assembler.add(batch):
             on_shard(by_id[shard_id], table)
     return times

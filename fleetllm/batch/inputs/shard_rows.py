@@ -1,5 +1,6 @@
 """Reading one shard's rows for the engine: typed by the job's column plan, each with its shard and
-file, and a grouped shard's rows (fleetllm.batch.planning.prefix) given their own file and line back."""
+file, and a grouped shard's rows (fleetllm.batch.planning.prefix) with their own file and line: `_file` and
+`_source_line` (`_line` is the row's line in the grouped file, the shard's own order)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def read_shard_rows(item: dict[str, Any], declared: str, columns=None,
         rows = [row for row in rows if row["_line"] in wanted]
     if keep:
         rows = [hf_input.keep_columns(row, keep) for row in rows]
+    grouped = declared == input_files.GROUPED_FORMAT
     for row in rows:
         row["_shard"] = shard.shard_id
-        row["_file"] = shard.rel
-        if "_src_line" in row:  # a grouped shard's row (fleetllm.batch.planning.prefix): its own file and line back
-            row["_file"] = row.pop("_src_file")
-            row["_source_line"] = row.pop("_src_line")
+        if "_src_line" in row:  # a row grouped by an earlier version, under its former names
+            row["_file"], row["_source_line"] = row.pop("_src_file"), row.pop("_src_line")
+        elif not (grouped and "_source_line" in row):  # a grouped row carries its own `_file` and `_source_line`
+            row["_file"] = shard.rel
         if declared == "openai_batch" and "body" in row and not isinstance(row["body"], str):
             row["body"] = json.dumps(row["body"])  # bodies differ in shape: keep them as text in Arrow
         if columns is not None:

@@ -12,6 +12,7 @@ from fleetllm.batch.planning.columns import conform_table
 from fleetllm.batch.planning.job_plan import JobPlan
 from fleetllm.batch.planning.shards import Shard, shard_fingerprint
 from fleetllm.batch.execution.stages import INTERNAL_COLUMNS, OUTPUT_TYPES
+from fleetllm.batch.execution.telemetry import run_field
 
 
 class ShardAssembler:
@@ -59,9 +60,8 @@ def shard_output(out: OutputFolder, plan: JobPlan, shard: Shard, table) -> tuple
     import pyarrow.compute as pc
 
     errors = table.num_rows - table.column("error").null_count
-    node_ids = sorted(set(table.column("_node").to_pylist())) if "_node" in table.column_names else []
-    replicas = (sorted(set(table.column("_replica").to_pylist()) - {None, ""})
-                if "_replica" in table.column_names else [])
+    node_ids = sorted(set(run_field(table, "node")) - {None})
+    replicas = sorted(set(run_field(table, "replica")) - {None, ""})
     entry = ManifestEntry(
         shard=shard.shard_id, file=part_name(shard.shard_id, out.fmt), rows=table.num_rows, errors=errors,
         input_tokens=int(pc.sum(table.column("num_input_tokens")).as_py() or 0),

@@ -21,8 +21,11 @@ import pyarrow as pa
 from fleetllm.batch.execution.stages import INTERNAL_COLUMNS, WRITTEN_COLUMNS
 
 PREFIX = "input_"
+# Internal names earlier versions used (a grouped file's `_src_file` / `_src_line`, still read; the replica's
+# columns now in `_run`): still reserved, so an input column of such a name is read as it always was.
+FORMER_INTERNAL = frozenset({"_src_file", "_src_line", "_node", "_replica", "_ready", "_started", "_finished"})
 # `sampling_params` and `messages` are input features a row may carry on purpose (not renamed)
-RESERVED = frozenset(WRITTEN_COLUMNS) | {"embedding", "_src_file", "_src_line"} | {
+RESERVED = frozenset(WRITTEN_COLUMNS) | {"embedding"} | FORMER_INTERNAL | {
     c for c in INTERNAL_COLUMNS if c.startswith("_")}
 
 

@@ -10,9 +10,10 @@ prompt's prefix (and its token ids). `key_chars` = the prefix every sampled row 
 template head) + KEY_EXTRA characters of what varies (the document), so rows of one document share a key.
 
 The plan, in two passes over the input, with memory bounded by shards, not rows:
-  1. read the ungrouped shards one at a time; append each row (as JSON, with its source file and line)
-     to a spill file of bucket hash(key) % buckets, buckets = ceil(rows / shard_rows), in a local
-     temporary folder;
+  1. read the ungrouped shards one at a time; append each row (as JSON, with its source file and line
+     under the names they have in memory: `_file`, `_source_line`; files grouped by earlier versions say
+     `_src_file`, `_src_line`, still read: fleetllm.batch.inputs.shard_rows) to a spill file of bucket
+     hash(key) % buckets, buckets = ceil(rows / shard_rows), in a local temporary folder;
   2. per bucket: load it, sort its rows by (prompt, source file, source line) (lexicographic order also
      puts longer shared prefixes next to each other), write it whole to
      OUT/_fleetllm/grouped/<id>/bucket-NNNNNN.jsonl, then a `groups.json` marker listing the files.
@@ -255,8 +256,8 @@ def _spill(shards, read_rows, preprocess, key_chars: int, buckets: int, spill: s
     for shard in shards:
         for row in read_rows(shard):
             text = prompt_text(preprocess(dict(row)))
-            source = {k: v for k, v in row.items() if k not in ("_shard", "_file", "_line")}
-            source["_src_file"], source["_src_line"] = row["_file"], row["_line"]
+            source = {k: v for k, v in row.items() if k not in ("_shard", "_line")}  # `_file`: its own file
+            source["_source_line"] = row["_line"]
             line = (json.dumps([text, row["_file"], row["_line"], source], ensure_ascii=False, default=str)
                     + "\n").encode()
             buffered.setdefault(bucket_of(key_of(text, key_chars), buckets), []).append(line)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fleetllm.batch.execution.telemetry import run_field
 from fleetllm.batch.reports.estimate_job import (
     batching,
     estimate_plan,
@@ -27,8 +28,7 @@ from fleetllm.estimate.observe import (
 )
 
 OBSERVE_S = 300.0  # engine calls kept from a run's first minutes
-KEEP_COLUMNS = ("error", "_replica", "_started", "_finished", "_ready", "num_input_tokens",
-                "num_generated_tokens", "_cached_tokens", "sampling_params")
+KEEP_COLUMNS = ("error", "_run", "num_input_tokens", "num_generated_tokens", "_cached_tokens", "sampling_params")
 
 
 class RunEstimate:
@@ -63,7 +63,7 @@ class RunEstimate:
         self._made()
         cols = [c for c in KEEP_COLUMNS if c in table.column_names]
         rows = table.select(cols).to_pylist()
-        readies = [r["_ready"] for r in rows if r.get("_ready")]
+        readies = [ready for ready in run_field(table, "ready") if ready]
         if readies:
             self.ready = min([self.ready or readies[0], *readies])
         self.lengths += output_lengths(rows, self.default_n)

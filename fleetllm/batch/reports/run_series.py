@@ -1,8 +1,8 @@
 """The series a run keeps in its run record (_SUCCESS) for `fleetllm report`: one point per committed shard (time,
 rows, tokens, errors), rows per engine replica, and the time split (start-up, generation, commit).
 
-Pure bookkeeping fed by the runner's loop; replicas are told apart by (node, ready time), which the
-engine stage stamps on every row (`_node`, `_ready`).
+Pure bookkeeping fed by the runner's loop; replicas are told apart by (node, ready time), from the
+telemetry the engine stage stamps on its rows (`_run`: fleetllm.batch.execution.telemetry).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from typing import Any
+
+from fleetllm.batch.execution.telemetry import run_field
 
 
 class RunSeries:
@@ -21,9 +23,7 @@ class RunSeries:
 
     def batch(self, batch) -> None:
         """A batch of rows back from the replicas (a pyarrow table)."""
-        if "_node" not in batch.column_names or "_ready" not in batch.column_names:
-            return
-        for node, ready in zip(batch.column("_node").to_pylist(), batch.column("_ready").to_pylist()):
+        for node, ready in zip(run_field(batch, "node"), run_field(batch, "ready")):
             self.replica_rows[(node or "", ready)] += 1
 
     def commit(self, entry, started: float) -> None:

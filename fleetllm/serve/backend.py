@@ -214,9 +214,7 @@ class ModelServer:
                 async for delta in self.engine.generate_stream(request):
                     seen.add(delta)
                     item = dataclasses.asdict(delta)
-                    emitted_at = item.pop("emitted_at")
-                    if trace is not None:
-                        trace.delta(emitted_at)
+                    trace.delta(item.pop("emitted_at"))
                     item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
                     buf.append(item)
                     wake.set()
@@ -254,8 +252,7 @@ class ModelServer:
                     if first:  # which replica answers (the API's x-fleetllm-replica header)
                         items[0]["replica"], items[0]["echo"], first = self.replica_id, echo, False
                     last = time.monotonic()
-                    if trace is not None:
-                        trace.sent(len(items))
+                    trace.sent(len(items))
                     yield items
                 if state["done"]:
                     if state["error"] is not None:
@@ -263,8 +260,7 @@ class ModelServer:
                     return
         finally:
             self.ongoing -= 1
-            if trace is not None:
-                trace.write()
+            trace.write()
             if not task.done():  # the caller went away: closing the engine stream cancels the request
                 task.cancel()
                 try:

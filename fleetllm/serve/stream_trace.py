@@ -45,9 +45,22 @@ class StreamTrace:
             f.write(json.dumps({"engine": self.engine, "loop": self.loop, "out": self.out}) + "\n")
 
 
-def new_trace() -> StreamTrace | None:
-    """A trace for one stream where FLEETLLM_STREAM_TRACE is set, else None."""
+class NoTrace:
+    """What a stream records when tracing is off: nothing."""
+
+    def delta(self, emitted_at: float | None) -> None:
+        pass
+
+    def sent(self, deltas: int) -> None:
+        pass
+
+    def write(self) -> None:
+        pass
+
+
+def new_trace() -> StreamTrace | NoTrace:
+    """A trace for one stream where FLEETLLM_STREAM_TRACE is set, else one that records nothing."""
     if TRACE_DIR is None:
-        return None
+        return NoTrace()
     Path(TRACE_DIR).mkdir(parents=True, exist_ok=True)
     return StreamTrace(TRACE_DIR)

@@ -23,6 +23,7 @@ does (--no-lock under flock). The machine is shared: other workers' processes sl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -93,6 +94,16 @@ def write_job(work: Path, name: str, job: dict, model: str, engine: str, engine_
     return path
 
 
+# vLLM's start-up lines that say where an engine start's time went (compile or cache, graphs, weights)
+START_LINES = ("torch.compile takes", "Directly load the compiled graph", "Compiling a graph",
+               "Graph capturing finished", "Loading weights took", "Model loading took",
+               "init engine (profile, create kv cache, warmup model) took")
+
+
+def start_lines(stderr: str) -> list[str]:
+    return [line.strip()[-200:] for line in stderr.splitlines() if any(k in line for k in START_LINES)][:12]
+
+
 def fleetllm(args: list[str], home: Path, lock: bool, timeout: float) -> tuple[int, str, float]:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", **os.environ, "FLEETLLM_HOME": str(home),
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
@@ -101,7 +112,11 @@ def fleetllm(args: list[str], home: Path, lock: bool, timeout: float) -> tuple[i
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
+    LAST_START_LINES[:] = start_lines(p.stdout + "\n" + p.stderr)  # vLLM logs to stdout
     return p.returncode, p.stdout, time.time() - t0
+
+
+LAST_START_LINES: list[str] = []  # the last command's START_LINES (kept with each probe and run)
 
 
 def new_home(path: Path, models_from: Path | None) -> Path:
@@ -121,11 +136,16 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
     specs = {name: write_job(work, f"{engine}-{name}", job, a.model, engine, kwargs, dict(compute))
              for name, job in jobs.items()}
     names = list(specs)
+    probes: dict[str, dict] = {}
     for name in names:  # one probe per job, each in its own home
         home = new_home(work / f"home-probe-{engine}-{name}", user_home)
         rc, out, secs = fleetllm(["calibrate", str(specs[name]), "--rows", str(a.probe_rows), "--json"], home,
                                  a.lock, a.timeout)
-        print(f"[{engine}] probe {name}: rc={rc} {secs:.0f}s", file=sys.stderr, flush=True)
+        probes[name] = {"rc": rc, "wall_s": round(secs, 1), "vllm_start": list(LAST_START_LINES)}
+        with contextlib.suppress(ValueError, KeyError, IndexError):
+            probes[name]["startup_s"] = json.loads(out.strip().splitlines()[-1])["startup_s"]
+        print(f"[{engine}] probe {name}: rc={rc} {secs:.0f}s (engine start {probes[name].get('startup_s')} s)",
+              file=sys.stderr, flush=True)
     results = []
     for i, name in enumerate(names):
         other = names[(i + 1) % len(names)]
@@ -137,7 +157,8 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
         rc, _, secs = fleetllm(["run", str(specs[name]), "--overwrite"], home, a.lock, a.timeout)
         print(f"[{engine}] run {name}: rc={rc} {secs:.0f}s", file=sys.stderr, flush=True)
         report = read_report(work / f"out-{engine}-{name}") if rc == 0 else None
-        results.append(compare(engine, name, other, est, report))
+        results.append({**compare(engine, name, other, est, report), "probe": probes[other],
+                        "run_vllm_start": list(LAST_START_LINES), "run_timeline_s": (report or {}).get("timeline_s")})
     return results
 
 

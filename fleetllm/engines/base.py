@@ -223,6 +223,12 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def default_max_num_seqs(self) -> int | None:
+        """Sequences the engine schedules at once on this machine when engine_kwargs.max_num_seqs is not set
+        (known once started; None: no such cap, or not known). Throughput profiles keep it (fleetllm.estimate)."""
+        return None
+
+    @property
     def reads_images(self) -> bool:
         """Whether the model takes images (image_url parts; its config has a vision tower); False: such parts
         are refused as text-only."""

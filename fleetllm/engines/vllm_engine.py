@@ -99,10 +99,11 @@ class VLLMEngine(VLLMRequests, Engine):
         # serving keeps vLLM's statistics (its `vllm:` Prometheus metrics, fleetllm.serve.vllm_metrics), as `vllm
         # serve` does; a batch job has no use for them
         kwargs.setdefault("disable_log_stats", self.usage_context != "OPENAI_API_SERVER")
+        world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+        self._default_max_num_seqs = vllm_default_max_num_seqs(world)  # this accelerator's (estimates keep it)
         if self.rows_in_flight:
-            world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
             added = offline_batch_defaults(self.rows_in_flight, not on_cpu, self.engine_kwargs,
-                                           vllm_default_max_num_seqs(world))
+                                           self._default_max_num_seqs)
             if added:
                 log.info("vLLM sized for %d rows in flight: %s", self.rows_in_flight, added)
             kwargs.update(added)
@@ -214,6 +215,10 @@ class VLLMEngine(VLLMRequests, Engine):
     @property
     def vocab_size(self) -> int | None:
         return getattr(self, "_vocab_size", None)
+
+    @property
+    def default_max_num_seqs(self) -> int | None:
+        return getattr(self, "_default_max_num_seqs", None)
 
     def num_unfinished_requests(self) -> int:
         """Requests vLLM holds right now (0 when idle; used to check that aborts reach vLLM)."""

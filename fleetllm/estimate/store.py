@@ -63,6 +63,7 @@ class Profile:
     overhead_s: list[float] = field(default_factory=list)
     sources: list[dict[str, Any]] = field(default_factory=list)
     max_model_len: int | None = None
+    max_num_seqs: int | None = None  # the engine's default sequences at once on this accelerator (layout)
 
     @property
     def name(self) -> str:
@@ -88,6 +89,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"key": self.key, "batching": self.batching, "max_model_len": self.max_model_len,
+               "max_num_seqs": self.max_num_seqs,
                "startup_s": self.startup_s, "overhead_s": self.overhead_s, "sources": self.sources,
                "calls": [c.to_dict() for c in self.calls]}
         if self.calls:
@@ -97,7 +99,8 @@ class Profile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
-                   list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"))
+                   list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"),
+                   d.get("max_num_seqs"))
 
 
 def _median(xs: list[float]) -> float | None:

@@ -12,10 +12,12 @@ import pytest
 from fleetllm.batch.reports.estimate_job import (
     apply_deadline,
     cached_tokens,
+    estimate_plan,
     job_shape,
+    layout,
     profile_key,
 )
-from fleetllm.batch.reports.estimate_probe import call_sizes
+from fleetllm.batch.reports.estimate_probe import call_sizes, shaped
 from fleetllm.batch.planning.job_plan import plan_job
 from fleetllm.cli import main
 from fleetllm.errors import PlanError
@@ -130,6 +132,39 @@ def test_prefix_cache_and_probe_sizes():
     assert cached_tokens([doc, doc]) == 32  # never the whole prompt (its last block is computed again)
     assert call_sizes(12, 4) == [1, 2, 4, 4, 1]
     assert call_sizes(3, 16) == [1, 2]
+
+
+def test_the_estimate_holds_as_many_sequences_as_the_profiled_engine(home, tmp_path, tiny_model):
+    """vLLM's max_num_seqs depends on the accelerator (1,024 on an H100, 256 on smaller GPUs): the profile keeps
+    the engine's own, and the estimate's layout uses it where the job sets none; the job's own value wins."""
+    _, job = write_job(tmp_path, tiny_model, rows=2048, batches_in_flight=32)
+    job["model"]["engine"] = "vllm"
+    job["compute"]["batch_size"], job["output"]["shard_rows"] = 64, 64
+    plan = plan_job(JobSpec.model_validate(job))
+    assert layout(plan).concurrency == 256  # without a profile: the engine's declared fallback
+    assert layout(plan, default_seqs=1024).concurrency == 1024
+    synthetic_profile(plan, 0.0005)
+    slow = estimate_plan(plan)["generation_s"]
+    profile = store.load_profile(profile_key(plan))
+    profile.max_num_seqs = 1024
+    store.save_profile(profile)
+    assert store.load_profile(profile_key(plan)).max_num_seqs == 1024
+    fast = estimate_plan(plan)["generation_s"]
+    assert fast < slow  # four times the sequences per step: fewer steps, each step's fixed cost shared
+    job["model"]["engine_kwargs"] = {"max_num_seqs": 128}
+    assert layout(plan_job(JobSpec.model_validate(job)), default_seqs=1024).concurrency == 128
+
+
+def test_a_shaped_probe_row_can_be_cut_short(tmp_path, tiny_model):
+    _, job = write_job(tmp_path, tiny_model)
+    plan = plan_job(JobSpec.model_validate(job))
+    row = {"prompt": "word " * 200, "sampling_params": None}
+    cut = shaped(row, 0, 32, plan, max_chars=400)
+    assert len(cut["prompt"]) == 400 and json.loads(cut["sampling_params"])["min_tokens"] == 32
+    long = shaped(row, 3000, 4, plan)
+    assert len(long["prompt"]) >= 3000
+    chat = {"_messages": json.dumps([{"role": "user", "content": "x" * 1000}])}
+    assert len(json.loads(shaped(chat, 0, 8, plan, max_chars=400)["_messages"])[-1]["content"]) == 400
 
 
 def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, tiny_model, capsys):

@@ -247,14 +247,15 @@ def test_the_run_eta_reads_the_in_process_engines_progress():
     seen = []
     run = RunEstimate.__new__(RunEstimate)
     run.t0 = run.ready = 1.0
-    run.log, run.engine_progress = [], None
+    run.log, run.engine_progress, run.default_seqs = [], None, None
     run.eta_model = SimpleNamespace(seconds_left=lambda *a: seen.append(a) or 9.0)
     assert run.eta(8, 80) == 9.0 and seen[-1][:2] == (8, 80) and seen[-1][3] == ()
     progress = EngineProgress(finished=11, finished_tokens=100, running=(3, 4))
-    run.watch(SimpleNamespace(progress=lambda: progress))
+    run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024))
     run.eta(8, 80)
     assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
     assert run.log[-1][1] == 8 and run.log[-1][3] == 2  # the log keeps the committed rows, and how many ran
-    run.watch(SimpleNamespace(progress=lambda: None))  # an engine that does not count: committed rows only
+    assert run.default_seqs == 1024  # the engine's own max_num_seqs, for the profile the run teaches
+    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None))  # an engine that does not count: committed rows only
     run.eta(8, 80)
     assert seen[-1][:2] == (8, 80) and seen[-1][3] == ()

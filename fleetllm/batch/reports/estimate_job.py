@@ -56,9 +56,13 @@ def job_key(plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def layout(plan, replicas: int | None = None) -> Layout:
+def layout(plan, replicas: int | None = None, default_seqs: int | None = None) -> Layout:
+    """How the plan's rows meet the engines. `default_seqs`: the engine's own max_num_seqs on the profiled
+    accelerator (Profile.max_num_seqs, e.g. vLLM's 1,024 on an H100 where it is 256 on a smaller GPU), used
+    when the job does not set it; else the engine's declared fallback."""
     rp = plan.replica_plan
-    seqs = plan.engine_kwargs.get("max_num_seqs") or capabilities(plan.engine).default_max_num_seqs
+    seqs = (plan.engine_kwargs.get("max_num_seqs") or default_seqs
+            or capabilities(plan.engine).default_max_num_seqs)
     kind = batching(plan.engine)
     per_call = min(plan.rows_per_call, plan.spec.output.shard_rows)  # a call never spans two shards
     return Layout(replicas or plan.replicas, rp.gpus_per_replica, rp.cpus_per_replica, per_call,
@@ -189,7 +193,8 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
             "profile_key": key, "measured_by": "the first run of a job against this endpoint's model (its calls' "
                                               "measured rate); the next estimate uses it"}
         return out
-    return estimate(shape, layout(plan), profile.rates(), profile.startup(), profile.overhead(), profile.name)
+    return estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(),
+                    profile.overhead(), profile.name)
 
 
 def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None:
@@ -209,7 +214,7 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
     rates, startup, overhead = profile.rates(), profile.startup(), profile.overhead()
 
     def wall(k: int) -> tuple[float, float]:
-        e = estimate(shape, layout(plan, k), rates, startup, overhead)
+        e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, startup, overhead)
         return e["wall_s"], e["range"]["wall_s"][1]
 
     auto = spec.compute.replicas == "auto"

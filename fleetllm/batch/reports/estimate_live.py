@@ -42,6 +42,7 @@ class RunEstimate:
         self.default_n = int(plan.request_sampling().get("n") or 1)  # rows without their own sampling run with it
         profile = store.load_profile(self.key)
         self.rates = profile.rates() if profile is not None and profile.calls else None
+        self.default_seqs = profile.max_num_seqs if profile is not None else None
         self.at_start: dict[str, Any] | None = None
         self.eta_model: Eta | None = None
         if shape is not None:
@@ -56,7 +57,7 @@ class RunEstimate:
         if self.eta_model is None:
             self.shape = self.shape or job_shape(self.plan)
             self.at_start = estimate_plan(self.plan, self.shape)
-            self.eta_model = Eta(self.shape, layout(self.plan), self.rates)
+            self.eta_model = Eta(self.shape, layout(self.plan, default_seqs=self.default_seqs), self.rates)
 
     def observe(self, table) -> None:
         """A batch of rows back from the replicas (pyarrow), before it is committed."""
@@ -75,6 +76,7 @@ class RunEstimate:
         the work it has done on rows not committed yet (Engine.progress; None from engines that do not
         count it). Rows on Ray replicas come back only complete, so there the ETA sees committed rows."""
         self.engine_progress = engine.progress
+        self.default_seqs = engine.default_max_num_seqs or self.default_seqs  # kept in the profile (learn)
 
     def eta(self, rows_done: int, output_tokens_done: int) -> float | None:
         """Seconds left, from the model (progress.JobProgress calls it after each commit). With the
@@ -126,6 +128,7 @@ class RunEstimate:
         else:
             observed = [call_from_rows(c, kind) for c in self.calls]
         profile = store.load_profile(self.key) or store.Profile(self.key, kind)
+        profile.max_num_seqs = self.default_seqs or profile.max_num_seqs
         startup = (timeline["engine_ready"] - timeline["engine_start"]
                    if "engine_ready" in timeline and "engine_start" in timeline else None)
         gen_end = timeline.get("last_commit")

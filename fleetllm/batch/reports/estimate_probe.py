@@ -3,9 +3,10 @@
 job's first rows through it in calls of growing size (1, 2, 4, ... up to the rows a replica holds at
 once), every other call with its max_tokens cut to a quarter, then a few calls of fixed shapes
 (SHAPE_CALLS: long prompts with short outputs, forced long outputs at batch 1 and at the full batch),
-so the fit sees the step time at several batch sizes, context lengths and numbers of steps, whatever
-the job's own shape. The calls, the
-engine's start-up and the output lengths are added to the profile and the job's lengths under
+and one call of short prompts at the sequences the run's engine will hold at once (vLLM's own default on
+this accelerator, known once the engine is up), so the fit sees the step time at several batch sizes,
+context lengths and numbers of steps, whatever the job's own shape. The calls, the engine's start-up, its
+default max_num_seqs and the output lengths are added to the profile and the job's lengths under
 $FLEETLLM_HOME (fleetllm.estimate.store); later estimates and runs reuse them.
 """
 
@@ -76,19 +77,29 @@ def call_table(plan, rows: list[dict], cap: int | None):
 # least, output tokens forced with min_tokens). They make the profile the engine's, not the job's: a
 # long-answer job's probe must still tell what a prefill-heavy job will take, and the other way round.
 SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
+# Then one call at the sequences the engine holds at once in the run (vLLM's default is 1,024 on an H100: the
+# decode step is compute-bound there, memory-bound at the probe's smaller calls), of short prompts and
+# FULL_BATCH_TOKENS out each, so the fit sees the step time at the run's batch and does not extrapolate to it.
+FULL_BATCH_CHARS, FULL_BATCH_TOKENS, FULL_BATCH_MAX = 400, 32, 4096
 
 
-def shaped(row: dict, min_chars: int, out: int, plan) -> dict:
-    """The row with its prompt repeated to at least `min_chars` characters and exactly `out` tokens out."""
+def shaped(row: dict, min_chars: int, out: int, plan, max_chars: int | None = None) -> dict:
+    """The row with its prompt repeated to at least `min_chars` characters (or cut to `max_chars`) and
+    exactly `out` tokens out."""
     row = dict(row)
     row["sampling_params"] = json.dumps({**sampling_of(row, plan), "max_tokens": out, "min_tokens": out})
+
+    def fit(text: str) -> str:
+        text = "\n".join([text] * max(1, -(-min_chars // max(1, len(text)))))
+        return text[:max_chars] if max_chars else text
+
     if row.get("_messages"):
         messages = json.loads(row["_messages"])
-        text = str(messages[-1].get("content") or "x")
-        messages[-1] = {**messages[-1], "content": "\n".join([text] * max(1, -(-min_chars // max(1, len(text)))))}
+        if isinstance(messages[-1].get("content"), str) or not messages[-1].get("content"):
+            messages[-1] = {**messages[-1], "content": fit(str(messages[-1].get("content") or "x"))}
         row["_messages"] = json.dumps(messages, ensure_ascii=False)
     elif row.get("prompt"):
-        row["prompt"] = "\n".join([row["prompt"]] * max(1, -(-min_chars // len(row["prompt"]))))
+        row["prompt"] = fit(row["prompt"])
     return row
 
 
@@ -99,6 +110,30 @@ def sampling_of(row: dict, plan) -> dict:
     sp = row_sampling(row, plan.request_sampling())
     sp.setdefault("max_tokens", plan.spec.sampling.max_tokens)
     return sp
+
+
+def probe_calls(stage, plan, picked: list[dict], sizes: list[int], kind: str) -> tuple[list, list[int]]:
+    """Run the probe's calls through the started stage: (the observed calls, the job's output lengths)."""
+    calls, lengths, at = [], [], 0
+    stage(call_table(plan, picked[:1], None))  # warm-up: first-call costs a run pays once, not per call
+    for i, size in enumerate(sizes):  # every other call cut to a quarter of its max_tokens
+        full = max(sampling_of(r, plan)["max_tokens"] for r in picked[at:at + size])
+        cap = max(2, full // 4) if i % 2 else None
+        out = stage(call_table(plan, picked[at:at + size], cap)).to_pylist()
+        at += size
+        calls += [call_from_rows(c, kind) for c in group_calls(out)]
+        if cap is None:  # the job's own lengths
+            lengths += output_lengths(out)
+    cap_rows = max(sizes)
+    shapes = [(max(1, round(share * cap_rows)), chars, tokens, None) for share, chars, tokens in SHAPE_CALLS]
+    held = layout(plan, default_seqs=stage.engine.default_max_num_seqs).concurrency  # as the run will hold
+    if min(held, FULL_BATCH_MAX) > cap_rows:
+        shapes.append((min(held, FULL_BATCH_MAX), 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS))
+    for n, chars, tokens, most in shapes:
+        rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan, most) for i in range(n)]
+        out = stage(call_table(plan, rows_of_shape, None)).to_pylist()
+        calls += [call_from_rows(c, kind) for c in group_calls(out)]
+    return calls, lengths
 
 
 def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
@@ -127,23 +162,8 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     t_start = time.time()
     stage = pool.stage_class()(**pool.stage_kwargs(), node_id="probe")  # configured as the job's replicas
     startup = time.time() - t_start
-    calls, lengths, at = [], [], 0
     try:
-        stage(call_table(plan, picked[:1], None))  # warm-up: first-call costs a run pays once, not per call
-        for i, size in enumerate(sizes):  # every other call cut to a quarter of its max_tokens
-            full = max(sampling_of(r, plan)["max_tokens"] for r in picked[at:at + size])
-            cap = max(2, full // 4) if i % 2 else None
-            out = stage(call_table(plan, picked[at:at + size], cap)).to_pylist()
-            at += size
-            calls += [call_from_rows(c, kind) for c in group_calls(out)]
-            if cap is None:  # the job's own lengths
-                lengths += output_lengths(out)
-        cap_rows = max(sizes)
-        for share, chars, tokens in SHAPE_CALLS:
-            n = max(1, round(share * cap_rows))
-            rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan) for i in range(n)]
-            out = stage(call_table(plan, rows_of_shape, None)).to_pylist()
-            calls += [call_from_rows(c, kind) for c in group_calls(out)]
+        calls, lengths = probe_calls(stage, plan, picked, sizes, kind)
     finally:
         t_stop = time.time()
         stage.engine.stop()
@@ -151,6 +171,7 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     key = profile_key(plan)
     profile = store.load_profile(key) or store.Profile(key, kind)
     profile.max_model_len = stage.engine.max_model_len or profile.max_model_len
+    profile.max_num_seqs = stage.engine.default_max_num_seqs or profile.max_num_seqs
     profile.add(calls, {"kind": "probe", "job": spec.name, "rows": len(picked)}, startup, plan_s + stop_s)
     path = store.save_profile(profile)
     store.save_lengths(job_key(plan), lengths, "probe", spec.name)

@@ -149,7 +149,9 @@ class Eta:
             tokens_left = left * self.shape.n * mean - len(running) * credit
             return max(0.0, tokens_left) / rate if rate > 0 else None
         seen = tuple(max(0, round(x * seen_mean / self.prior_mean)) for x in self.prior) if self.prior_mean else lengths
-        done_pred = predict_work(self.rates, replica_work(self.shape, self.layout, seen, rows_done))
+        # the rows done kept the engine full: the batch drains only at the end (the work left's)
+        done_pred = predict_work(self.rates, replace(replica_work(self.shape, self.layout, seen, rows_done),
+                                                     drains=False))
         left_pred = predict_work(self.rates, replica_work(self.shape, self.layout, lengths, left))
         if running:  # their prefill and tokens so far: done, and no longer left
             done_pred += predict_work(self.rates, self._running_work(running, sum(running) / len(running)))

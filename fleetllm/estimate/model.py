@@ -109,7 +109,8 @@ def expected_max(lengths: Sequence[int], k: int) -> float:
 class Work:
     """What one replica computes: rows of `prompt_tokens` (mean), `cached_fraction` of them found in the
     prefix cache, outputs drawn from `output_lengths` (a sample; n per row), in calls of `rows_per_call`
-    rows, with `concurrency` rows held at once by a continuous-batching engine."""
+    rows, with `concurrency` rows held at once by a continuous-batching engine. `drains` False: rows computed
+    while the engine stayed full (a running job's rows done so far), so without the end's tail."""
 
     rows: int
     prompt_tokens: float
@@ -119,6 +120,7 @@ class Work:
     batching: str
     rows_per_call: int
     concurrency: int
+    drains: bool = True  # continuous: the batch empties at the end, its longest rows finishing alone
 
 
 def planned_calls(work: Work) -> list[Call]:
@@ -133,7 +135,9 @@ def planned_calls(work: Work) -> list[Call]:
     if work.batching == CONTINUOUS:
         seqs = work.rows * work.n
         width = max(1, min(work.concurrency * work.n, seqs))
-        steps = seqs * mean / width + max(0.0, expected_max(lens, width) - mean)  # full batches, then the tail
+        steps = seqs * mean / width  # full batches, then the tail
+        if work.drains:
+            steps += max(0.0, expected_max(lens, width) - mean)
         ctx = seqs * (mean * work.prompt_tokens + mean_sq / 2)
         return [Call(n_calls, work.rows * prefill_per_row, steps, seqs * mean, ctx, 0.0)]
     out = []

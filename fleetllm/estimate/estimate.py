@@ -161,10 +161,11 @@ class Eta:
 
     def _running_work(self, running: tuple[int, ...], tokens_each: float) -> Work:
         """The work of the running sequences with `tokens_each` output tokens each, per replica (as the
-        rows done and left are: replica_work)."""
+        rows done and left are: replica_work), done while the engine stayed full (it shared their steps with
+        the other rows)."""
         rows = max(1, round(len(running) / (self.shape.n * max(1, self.layout.replicas))))
         length = max(0, round(tokens_each))
-        return replace(replica_work(self.shape, self.layout, (length,), rows), rows=rows)
+        return replace(replica_work(self.shape, self.layout, (length,), rows), rows=rows, drains=False)
 
 
 def running_credit(running: tuple[int, ...], lengths: tuple[int, ...]) -> float:

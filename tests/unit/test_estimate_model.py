@@ -85,6 +85,9 @@ def test_static_calls_pay_for_the_longest_row_and_continuous_ones_do_not():
     assert c[0].seq_steps == pytest.approx(64 * sum(lengths) / 16)
     full = planned_calls(Work(64, 100, 0.0, lengths, 1, CONTINUOUS, 16, 16, drains=False))[0]
     assert c[0].steps - full.steps == pytest.approx(expected_max(lengths, 16) - sum(lengths) / 16)  # the end's tail
+    # rows that ran beside others (a running job's): a share of the full batch's steps, however few they are
+    share = planned_calls(Work(12, 100, 0.0, (95,), 1, CONTINUOUS, 4, 16, drains=False))[0]
+    assert share.steps == pytest.approx(12 * 95 / 16) and share.seq_steps == 12 * 95
 
 
 def shape(**kw) -> JobShape:

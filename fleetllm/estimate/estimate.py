@@ -149,7 +149,9 @@ class Eta:
             tokens_left = left * self.shape.n * mean - len(running) * credit
             return max(0.0, tokens_left) / rate if rate > 0 else None
         seen = tuple(max(0, round(x * seen_mean / self.prior_mean)) for x in self.prior) if self.prior_mean else lengths
-        done_pred = predict_work(self.rates, replica_work(self.shape, self.layout, seen, rows_done))
+        # the rows done kept the engine full: the batch drains only at the end (the work left's)
+        done_pred = predict_work(self.rates, replace(replica_work(self.shape, self.layout, seen, rows_done),
+                                                     drains=False))
         left_pred = predict_work(self.rates, replica_work(self.shape, self.layout, lengths, left))
         if running:  # their prefill and tokens so far: done, and no longer left
             done_pred += predict_work(self.rates, self._running_work(running, sum(running) / len(running)))
@@ -159,10 +161,11 @@ class Eta:
 
     def _running_work(self, running: tuple[int, ...], tokens_each: float) -> Work:
         """The work of the running sequences with `tokens_each` output tokens each, per replica (as the
-        rows done and left are: replica_work)."""
+        rows done and left are: replica_work), done while the engine stayed full (it shared their steps with
+        the other rows)."""
         rows = max(1, round(len(running) / (self.shape.n * max(1, self.layout.replicas))))
         length = max(0, round(tokens_each))
-        return replace(replica_work(self.shape, self.layout, (length,), rows), rows=rows)
+        return replace(replica_work(self.shape, self.layout, (length,), rows), rows=rows, drains=False)
 
 
 def running_credit(running: tuple[int, ...], lengths: tuple[int, ...]) -> float:

@@ -109,7 +109,9 @@ def expected_max(lengths: Sequence[int], k: int) -> float:
 class Work:
     """What one replica computes: rows of `prompt_tokens` (mean), `cached_fraction` of them found in the
     prefix cache, outputs drawn from `output_lengths` (a sample; n per row), in calls of `rows_per_call`
-    rows, with `concurrency` rows held at once by a continuous-batching engine."""
+    rows, with `concurrency` rows held at once by a continuous-batching engine. `drains` False: rows computed
+    while the engine stayed full (a running job's rows done so far, or its running rows' tokens so far):
+    each step shared by `concurrency` sequences, and no tail at the end."""
 
     rows: int
     prompt_tokens: float
@@ -119,6 +121,7 @@ class Work:
     batching: str
     rows_per_call: int
     concurrency: int
+    drains: bool = True  # continuous: the batch empties at the end, its longest rows finishing alone
 
 
 def planned_calls(work: Work) -> list[Call]:
@@ -132,8 +135,11 @@ def planned_calls(work: Work) -> list[Call]:
     n_calls = math.ceil(work.rows / max(1, work.rows_per_call))
     if work.batching == CONTINUOUS:
         seqs = work.rows * work.n
-        width = max(1, min(work.concurrency * work.n, seqs))
-        steps = seqs * mean / width + max(0.0, expected_max(lens, width) - mean)  # full batches, then the tail
+        full = max(1, work.concurrency * work.n)
+        width = min(full, seqs) if work.drains else full  # not draining: a share of the full batch's steps
+        steps = seqs * mean / width  # full batches, then the tail
+        if work.drains:
+            steps += max(0.0, expected_max(lens, width) - mean)
         ctx = seqs * (mean * work.prompt_tokens + mean_sq / 2)
         return [Call(n_calls, work.rows * prefill_per_row, steps, seqs * mean, ctx, 0.0)]
     out = []

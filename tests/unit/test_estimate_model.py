@@ -83,6 +83,11 @@ def test_static_calls_pay_for_the_longest_row_and_continuous_ones_do_not():
     assert sum(x.calls for x in s) == 4 and len(c) == 1 and c[0].calls == 4
     assert sum(x.seq_steps for x in s) > 3 * c[0].seq_steps  # padding: every row of a call for the longest
     assert c[0].seq_steps == pytest.approx(64 * sum(lengths) / 16)
+    full = planned_calls(Work(64, 100, 0.0, lengths, 1, CONTINUOUS, 16, 16, drains=False))[0]
+    assert c[0].steps - full.steps == pytest.approx(expected_max(lengths, 16) - sum(lengths) / 16)  # the end's tail
+    # rows that ran beside others (a running job's): a share of the full batch's steps, however few they are
+    share = planned_calls(Work(12, 100, 0.0, (95,), 1, CONTINUOUS, 4, 16, drains=False))[0]
+    assert share.steps == pytest.approx(12 * 95 / 16) and share.seq_steps == 12 * 95
 
 
 def shape(**kw) -> JobShape:
@@ -254,8 +259,8 @@ def test_the_run_eta_reads_the_in_process_engines_progress():
     run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024))
     run.eta(8, 80)
     assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
-    assert run.log[-1][1] == 8 and run.log[-1][3] == 2  # the log keeps the committed rows, and how many ran
+    assert run.log[-1][1:] == [8, 9.0, 11, 100, 2, 7]  # the rows committed, and what the ETA was computed from
     assert run.default_seqs == 1024  # the engine's own max_num_seqs, for the profile the run teaches
-    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None))  # an engine that does not count: committed rows only
+    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None))  # an engine that does not count
     run.eta(8, 80)
     assert seen[-1][:2] == (8, 80) and seen[-1][3] == ()

@@ -28,6 +28,9 @@ from fleetllm.estimate.observe import (
 )
 
 OBSERVE_S = 300.0  # engine calls kept from a run's first minutes
+# seconds since start, rows committed, the ETA; what it was computed from: rows and output tokens done (the engine's
+# count where it gives one), sequences running and their output tokens so far
+LOG_COLUMNS = ("t_s", "rows_done", "eta_s", "rows_counted", "output_tokens_counted", "running", "running_tokens")
 KEEP_COLUMNS = ("error", "_run", "num_input_tokens", "num_generated_tokens", "_cached_tokens", "sampling_params")
 
 
@@ -50,7 +53,7 @@ class RunEstimate:
         self.ready: float | None = None
         self.calls: list = []  # fleetllm.estimate.observe.CallRows
         self.lengths: list[int] = []
-        self.log: list[list[float]] = []  # [seconds since start, rows done, ETA seconds, sequences running]
+        self.log: list[list[float]] = []  # LOG_COLUMNS at each ETA
         self.engine_progress = None  # () -> EngineProgress | None: the in-process engine's (watch())
 
     def _made(self) -> None:
@@ -92,7 +95,8 @@ class RunEstimate:
             rows, tokens, running = max(rows, live.finished), max(tokens, live.finished_tokens), live.running
         left = self.eta_model.seconds_left(rows, tokens, now - self.ready, running)
         if left is not None:
-            self.log.append([round(now - self.t0, 3), rows_done, round(left, 2), len(running)])
+            self.log.append([round(now - self.t0, 3), rows_done, round(left, 2), rows, tokens, len(running),
+                             sum(running)])
         return left
 
     def finish(self, report: dict[str, Any]) -> None:
@@ -109,7 +113,7 @@ class RunEstimate:
                        "rows": report.get("rows_computed"),
                        "generation_end_s": (round(timeline["last_commit"] - start, 3)
                                             if "last_commit" in timeline else None)},
-            "eta_log": {"columns": ["t_s", "rows_done", "eta_s", "running"], "points": self.log},
+            "eta_log": {"columns": list(LOG_COLUMNS), "points": self.log},
         }
         try:
             self.learn(report, timeline)

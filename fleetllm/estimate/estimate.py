@@ -90,7 +90,9 @@ def estimate(shape: JobShape, layout: Layout, rates: Rates | None, startup_s: fl
     u = max(RANGE_FLOOR, 2 * rates.rel_error)
     fixed = startup_s + (DEFAULT_OVERHEAD_S if overhead_s is None else overhead_s)
     gen = {k: predict_work(rates, replica_work(shape, layout, v)) for k, v in cases.items()}
-    wall = {"mid": fixed + gen["mid"], "low": fixed + gen["low"] * (1 - u), "high": fixed + gen["high"] * (1 + u)}
+    # a relative uncertainty u puts the time within [x / (1 + u), x * (1 + u)]: never below the fixed part, even where
+    # a poor fit's u passes 1 (x * (1 - u) went negative)
+    wall = {"mid": fixed + gen["mid"], "low": fixed + gen["low"] / (1 + u), "high": fixed + gen["high"] * (1 + u)}
     hours = {k: accelerators(layout) * v / 3600 for k, v in wall.items()}
     out.update(wall_s=round(wall["mid"], 1), generation_s=round(gen["mid"], 1), startup_s=round(startup_s, 1),
                overhead_s=round(fixed - startup_s, 1), relative_uncertainty=round(u, 3),

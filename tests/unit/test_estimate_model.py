@@ -3,6 +3,7 @@ range, the ETA, deadlines, observations from engine rows, and the profile store.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -109,6 +110,9 @@ def test_estimate_has_wall_time_hours_cost_and_a_range():
     assert e["wall_s"] == pytest.approx(35 + e["generation_s"], abs=0.2)
     assert e["gpu_hours"] == pytest.approx(2 * e["wall_s"] / 3600, rel=1e-2)
     assert e["cost"] == pytest.approx(3.0 * e["gpu_hours"], rel=1e-2)
+    poor = dataclasses.replace(rates, rel_error=1.2)  # a fit off by 120%: the range widens, its low end stays above the start
+    lo, hi = estimate(shape(), LAYOUT, poor, startup_s=30, overhead_s=5)["range"]["wall_s"]
+    assert 35 < lo < e["wall_s"] < hi
     one = estimate(shape(), Layout(**{**LAYOUT.__dict__, "replicas": 1}), rates, 30, 5)
     assert one["generation_s"] > 1.8 * e["generation_s"]
 

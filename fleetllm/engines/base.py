@@ -223,6 +223,12 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def start_compile_s(self) -> float | None:
+        """Seconds the last start spent compiling the model (0.0: it compiled nothing, a warm or eager start;
+        None: not known). A throughput profile keeps warm starts apart from cold ones (fleetllm.estimate)."""
+        return None
+
+    @property
     def default_max_num_seqs(self) -> int | None:
         """Sequences the engine schedules at once on this machine when engine_kwargs.max_num_seqs is not set
         (known once started; None: no such cap, or not known). Throughput profiles keep it (fleetllm.estimate)."""

@@ -151,11 +151,15 @@ class VLLMEngine(VLLMRequests, Engine):
         async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
             return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs), usage_context=context)
 
+        from fleetllm.engines import vllm_compile_cache
+
+        cache_before = vllm_compile_cache.snapshot()  # did this start compile? (throughput profiles ask)
         try:
             self._llm = self._run(make())
         except Exception as exc:
             self._close_loop()
             raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
+        self._start_compile_s = vllm_compile_cache.compile_seconds(cache_before)
         self.tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
@@ -219,6 +223,10 @@ class VLLMEngine(VLLMRequests, Engine):
     @property
     def default_max_num_seqs(self) -> int | None:
         return getattr(self, "_default_max_num_seqs", None)
+
+    @property
+    def start_compile_s(self) -> float | None:
+        return getattr(self, "_start_compile_s", None)
 
     def num_unfinished_requests(self) -> int:
         """Requests vLLM holds right now (0 when idle; used to check that aborts reach vLLM)."""

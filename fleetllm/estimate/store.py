@@ -24,6 +24,8 @@ from typing import Any
 
 from fleetllm.estimate.model import Call, Rates, fit
 
+COMPILED_S = 1.0  # a start whose compile-cache writes span less wrote metadata, not a compiled model: warm
+
 MAX_CALLS = 400  # observations kept per profile (the newest)
 MAX_LENGTHS = 2000  # output lengths kept per job
 
@@ -64,6 +66,10 @@ class Profile:
     sources: list[dict[str, Any]] = field(default_factory=list)
     max_model_len: int | None = None
     max_num_seqs: int | None = None  # the engine's default sequences at once on this accelerator (layout)
+    # starts that compiled the model (vLLM, a configuration new to the machine), and how long the compiling took;
+    # startup_s holds the others (warm, eager, or not known)
+    startup_cold_s: list[float] = field(default_factory=list)
+    compile_s: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -73,15 +79,29 @@ class Profile:
         return fit(self.calls)
 
     def startup(self) -> float:
-        return _median(self.startup_s) or 0.0
+        """A start that does not compile: the warm starts measured, else the cold ones less their compiling (a
+        probe compiles what the run after it then loads)."""
+        if self.startup_s:
+            return _median(self.startup_s) or 0.0
+        if self.startup_cold_s:
+            return max(0.0, (_median(self.startup_cold_s) or 0.0) - (_median(self.compile_s) or 0.0))
+        return 0.0
+
+    def startup_cold(self) -> float | None:
+        """A start that compiles (the first of a configuration on a machine), where one was measured."""
+        return _median(self.startup_cold_s)
 
     def overhead(self) -> float | None:
         return _median(self.overhead_s)
 
     def add(self, calls: list[Call], source: dict[str, Any], startup_s: float | None = None,
-            overhead_s: float | None = None) -> None:
+            overhead_s: float | None = None, compile_s: float | None = None) -> None:
+        """`compile_s`: what the start spent compiling (Engine.start_compile_s; None: not known)."""
         self.calls = (self.calls + list(calls))[-MAX_CALLS:]
-        if startup_s is not None and startup_s > 0:
+        if startup_s is not None and startup_s > 0 and compile_s is not None and compile_s >= COMPILED_S:
+            self.startup_cold_s = (self.startup_cold_s + [round(startup_s, 3)])[-20:]
+            self.compile_s = (self.compile_s + [round(compile_s, 3)])[-20:]
+        elif startup_s is not None and startup_s > 0:
             self.startup_s = (self.startup_s + [round(startup_s, 3)])[-20:]
         if overhead_s is not None and overhead_s >= 0:
             self.overhead_s = (self.overhead_s + [round(overhead_s, 3)])[-20:]
@@ -89,7 +109,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"key": self.key, "batching": self.batching, "max_model_len": self.max_model_len,
-               "max_num_seqs": self.max_num_seqs,
+               "max_num_seqs": self.max_num_seqs, "startup_cold_s": self.startup_cold_s, "compile_s": self.compile_s,
                "startup_s": self.startup_s, "overhead_s": self.overhead_s, "sources": self.sources,
                "calls": [c.to_dict() for c in self.calls]}
         if self.calls:
@@ -100,7 +120,7 @@ class Profile:
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
                    list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"),
-                   d.get("max_num_seqs"))
+                   d.get("max_num_seqs"), list(d.get("startup_cold_s", [])), list(d.get("compile_s", [])))
 
 
 def _median(xs: list[float]) -> float | None:

@@ -200,6 +200,39 @@ def test_profile_store_round_trip(tmp_path, monkeypatch):
     assert not math.isnan(back.rates().coef[0])
 
 
+def test_a_start_that_compiled_is_kept_apart_from_warm_ones(tmp_path, monkeypatch):
+    """A probe's start that compiled (98 s, 40 of them compiling) predicts a warm start of 58 s for the run after
+    it; once a warm start is measured, that one counts; the cold start stays known (startup_cold)."""
+    monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path))
+    key = {"model": "m", "engine": "vllm", "engine_version": "0.1", "accelerator": "gpu", "parallelism": "tp1"}
+    p = store.Profile(key, CONTINUOUS)
+    p.add(probe_calls(CONTINUOUS), {"kind": "probe"}, startup_s=98.0, overhead_s=2.0, compile_s=40.0)
+    assert p.startup() == 58.0 and p.startup_cold() == 98.0
+    p.add([], {"kind": "run"}, startup_s=41.0, compile_s=0.2)  # metadata only: a warm start
+    assert p.startup() == 41.0 and p.startup_cold() == 98.0
+    store.save_profile(p)
+    back = store.load_profile(key)
+    assert (back.startup(), back.startup_cold(), back.compile_s) == (41.0, 98.0, [40.0])
+
+
+def test_the_compile_cache_tells_a_cold_start_from_a_warm_one(tmp_path, monkeypatch):
+    import os
+
+    from fleetllm.engines import vllm_compile_cache as cc
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    root = cc.cache_root()
+    assert root == tmp_path / "torch_compile_cache" and cc.snapshot() == {}
+    before = cc.snapshot()
+    (root / "abc" / "rank_0_0").mkdir(parents=True)
+    for name, t in (("graph.py", 1000.0), ("model", 1030.0)):
+        path = root / "abc" / "rank_0_0" / name
+        path.write_text("x")
+        os.utime(path, (t, t))
+    assert cc.compile_seconds(before) == 30.0  # the span of the start's writes
+    assert cc.compile_seconds(cc.snapshot()) == 0.0  # a start that wrote nothing: warm
+
+
 def test_dry_run_lines_say_what_is_known():
     from fleetllm.estimate.describe import describe
 
@@ -260,11 +293,11 @@ def test_the_run_eta_reads_the_in_process_engines_progress():
     run.eta_model = SimpleNamespace(seconds_left=lambda *a: seen.append(a) or 9.0)
     assert run.eta(8, 80) == 9.0 and seen[-1][:2] == (8, 80) and seen[-1][3] == ()
     progress = EngineProgress(finished=11, finished_tokens=100, running=(3, 4))
-    run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024))
+    run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024, start_compile_s=0.0))
     run.eta(8, 80)
     assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
     assert run.log[-1][1:] == [8, 9.0, 11, 100, 2, 7]  # the rows committed, and what the ETA was computed from
     assert run.default_seqs == 1024  # the engine's own max_num_seqs, for the profile the run teaches
-    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None))  # an engine that does not count
+    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None, start_compile_s=None))  # an engine that does not count
     run.eta(8, 80)
     assert seen[-1][:2] == (8, 80) and seen[-1][3] == ()

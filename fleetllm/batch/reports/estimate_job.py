@@ -193,8 +193,11 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
             "profile_key": key, "measured_by": "the first run of a job against this endpoint's model (its calls' "
                                               "measured rate); the next estimate uses it"}
         return out
-    return estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(),
-                    profile.overhead(), profile.name)
+    out = estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(),
+                   profile.overhead(), profile.name)
+    if profile.startup_cold() is not None:  # what a start that compiles took (a configuration new to a machine)
+        out["startup_cold_s"] = round(profile.startup_cold(), 1)
+    return out
 
 
 def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None:

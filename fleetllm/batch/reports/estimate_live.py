@@ -46,6 +46,7 @@ class RunEstimate:
         profile = store.load_profile(self.key)
         self.rates = profile.rates() if profile is not None and profile.calls else None
         self.default_seqs = profile.max_num_seqs if profile is not None else None
+        self.compile_s: float | None = None  # the in-process engine's start (watch); None on Ray replicas
         self.at_start: dict[str, Any] | None = None
         self.eta_model: Eta | None = None
         if shape is not None:
@@ -80,6 +81,7 @@ class RunEstimate:
         count it). Rows on Ray replicas come back only complete, so there the ETA sees committed rows."""
         self.engine_progress = engine.progress
         self.default_seqs = engine.default_max_num_seqs or self.default_seqs  # kept in the profile (learn)
+        self.compile_s = engine.start_compile_s  # whether the run's start compiled (learn)
 
     def eta(self, rows_done: int, output_tokens_done: int) -> float | None:
         """Seconds left, from the model (progress.JobProgress calls it after each commit). With the
@@ -140,6 +142,6 @@ class RunEstimate:
         if startup is not None and gen_end is not None and report.get("wall_time_s"):
             overhead = report["wall_time_s"] - (gen_end - timeline["engine_ready"]) - startup
         profile.add(observed, {"kind": "run", "job": self.plan.spec.name, "rows": report.get("rows_computed")},
-                    startup, overhead)
+                    startup, overhead, self.compile_s)
         store.save_profile(profile)
         store.save_lengths(job_key(self.plan), self.lengths, "previous run", self.plan.spec.name)

@@ -110,7 +110,7 @@ def build_app(options: ServerOptions):
                              "data": [{"id": options.model, "object": "model", "owned_by": "fleetllm"}]})
 
     async def get_stats(request):
-        return JSONResponse(asdict(server.stats))
+        return JSONResponse(counters(server))
 
     app = Starlette(routes=[
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -119,6 +119,7 @@ def build_app(options: ServerOptions):
         Route("/stats", get_stats, methods=["GET"]),
     ])
     app.state.stats = server.stats
+    app.state.server = server
     return app
 
 
@@ -257,6 +258,10 @@ class _Simulated:
         return out if isinstance(out, Response) else JSONResponse(out)
 
 
+def counters(server: _Simulated) -> dict[str, Any]:
+    return {**asdict(server.stats), "in_system": server.state["in_system"]}
+
+
 class CapacityServer:
     """Context manager running the server on 127.0.0.1 (a free port) in a thread or a subprocess."""
 
@@ -274,9 +279,10 @@ class CapacityServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stats(self) -> dict[str, Any]:
-        """The server's counters (requests, ok, rate_limited, failed, max_in_system, in_system_s, prompts)."""
+        """The server's counters (requests, ok, rate_limited, failed, max_in_system, in_system_s, prompts) and
+        `in_system`: the requests it holds now (a client that gave up on one leaves it there until it is served)."""
         if self._app is not None:
-            return asdict(self._app.state.stats)
+            return counters(self._app.state.server)
         import httpx
 
         return httpx.get(f"http://127.0.0.1:{self.port}/stats", timeout=10).json()

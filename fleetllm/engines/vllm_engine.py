@@ -153,13 +153,14 @@ class VLLMEngine(VLLMRequests, Engine):
 
         from fleetllm.engines import vllm_compile_cache
 
-        cache_before = vllm_compile_cache.snapshot()  # did this start compile? (throughput profiles ask)
+        eager = bool(kwargs.get("enforce_eager"))  # compiles nothing: no compile cache to read
+        cache_before = {} if eager else vllm_compile_cache.snapshot()  # did this start compile? (profiles ask)
         try:
             self._llm = self._run(make())
         except Exception as exc:
             self._close_loop()
             raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
-        self._start_compile_s = vllm_compile_cache.compile_seconds(cache_before)
+        self._start_compile_s = 0.0 if eager else vllm_compile_cache.compile_seconds(cache_before)
         self.tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())

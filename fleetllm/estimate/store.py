@@ -98,11 +98,12 @@ class Profile:
             overhead_s: float | None = None, compile_s: float | None = None) -> None:
         """`compile_s`: what the start spent compiling (Engine.start_compile_s; None: not known)."""
         self.calls = (self.calls + list(calls))[-MAX_CALLS:]
-        if startup_s is not None and startup_s > 0 and compile_s is not None and compile_s >= COMPILED_S:
-            self.startup_cold_s = (self.startup_cold_s + [round(startup_s, 3)])[-20:]
-            self.compile_s = (self.compile_s + [round(compile_s, 3)])[-20:]
-        elif startup_s is not None and startup_s > 0:
-            self.startup_s = (self.startup_s + [round(startup_s, 3)])[-20:]
+        if startup_s is not None and startup_s > 0:
+            if compile_s is not None and compile_s >= COMPILED_S:
+                self.startup_cold_s = (self.startup_cold_s + [round(startup_s, 3)])[-20:]
+                self.compile_s = (self.compile_s + [round(compile_s, 3)])[-20:]
+            else:
+                self.startup_s = (self.startup_s + [round(startup_s, 3)])[-20:]
         if overhead_s is not None and overhead_s >= 0:
             self.overhead_s = (self.overhead_s + [round(overhead_s, 3)])[-20:]
         self.sources = (self.sources + [{**source, "at": round(time.time(), 3), "calls": len(calls)}])[-50:]

@@ -90,7 +90,7 @@ class ServerStats:
 
 
 def build_app(options: ServerOptions):
-    """The Starlette (ASGI) app; its counters live on `app.state.stats`."""
+    """The Starlette (ASGI) app; its simulated server (counters and requests in the system) on `app.state.server`."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
@@ -118,7 +118,6 @@ def build_app(options: ServerOptions):
         Route("/v1/models", models, methods=["GET"]),
         Route("/stats", get_stats, methods=["GET"]),
     ])
-    app.state.stats = server.stats
     app.state.server = server
     return app
 

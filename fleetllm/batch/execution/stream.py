@@ -109,8 +109,9 @@ def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Ca
     assembler = ShardAssembler(plan.pending)
     ds = build_dataset(plan, preprocessor)
     for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
-        if times["ready"] == float("inf") and run_field(batch, "ready"):
-            times["ready"] = min(run_field(batch, "ready"))
+        readies = run_field(batch, "ready") if times["ready"] == float("inf") else []
+        if readies:
+            times["ready"] = min(readies)
         times["first_call"] = min([times["first_call"], *run_field(batch, "started")])
         times["last_done"] = max([times["last_done"], *run_field(batch, "finished")])
         for shard_id, table in assembler.add(batch):

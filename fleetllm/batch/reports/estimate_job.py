@@ -195,8 +195,9 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
         return out
     out = estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(),
                    profile.overhead(), profile.name)
-    if profile.startup_cold() is not None:  # what a start that compiles took (a configuration new to a machine)
-        out["startup_cold_s"] = round(profile.startup_cold(), 1)
+    cold = profile.startup_cold()
+    if cold is not None:  # what a start that compiles took (a configuration new to a machine)
+        out["startup_cold_s"] = round(cold, 1)
     return out
 
 

@@ -8,7 +8,19 @@ STOP_RESERVE_S = 25.0  # stopping the servers at the end
 
 # Environment tweaks a variant may name after its ingress (`direct+samethread`): Ray Serve settings of the
 # replica process, to A/B where a streamed token waits (benchmarks/NOTES-serve.md).
-TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
+# `ingress`: Ray Serve's direct ingress, the replica answers HTTP on its own port (no HTTP proxy hop); the client is
+# pointed at the replica's port (direct_ingress_port).
+TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
+          "ingress": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}}
+DIRECT_INGRESS_BASE_PORT = 30000
+
+
+def direct_ingress_port(index: int) -> dict[str, str]:
+    """Variant `index`'s own replica port range (several servers run at once, each with its own Ray): the env."""
+    http, grpc = DIRECT_INGRESS_BASE_PORT + 100 * index, DIRECT_INGRESS_BASE_PORT + 10000 + 100 * index
+    pre = "RAY_SERVE_DIRECT_INGRESS_"
+    return {f"{pre}MIN_HTTP_PORT": str(http), f"{pre}MAX_HTTP_PORT": str(http + 99),
+            f"{pre}MIN_GRPC_PORT": str(grpc), f"{pre}MAX_GRPC_PORT": str(grpc + 99)}
 
 
 def variant_env(name: str) -> dict[str, str]:

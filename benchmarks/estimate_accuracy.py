@@ -185,23 +185,34 @@ def compare(engine: str, name: str, other: str, est: dict | None, report: dict |
         left = end - at10[0]
         row.update(eta_at_rows=at10[1], eta_s=at10[2], actual_left_s=round(left, 2),
                    eta_error=round(at10[2] / left - 1, 3) if left > 0 else None)
+    # the ETA at 10% of the work: output tokens of rows done and of sequences running (columns 4 and 6). A job
+    # the engine holds whole finishes its rows together at the end, so 10% of its rows come just before it
+    tokens = e["actual"]["output_tokens"] or 0
+    work10 = next((p for p in e["eta_log"]["points"] if len(p) > 6 and p[4] + p[6] >= 0.1 * tokens), None)
+    if work10 is not None and end is not None:
+        left = end - work10[0]
+        row.update(eta_work_s=work10[2], actual_left_work_s=round(left, 2),
+                   eta_work_error=round(work10[2] / left - 1, 3) if left > 0 else None)
+    row["eta_log"] = e["eta_log"]
     return row
 
 
 def table(results: list[dict]) -> str:
     head = ("| engine | job | profile from | rows | predicted wall s (range) | actual wall s | error | "
-            "ETA at 10% s | actual left s | ETA error |")
-    lines = [head, "|" + "---|" * 10]
+            "ETA at 10% s | actual left s | ETA error | ETA at 10% of tokens s | actual left s | ETA error |")
+    lines = [head, "|" + "---|" * 13]
+    pct = lambda x: f"{x:+.0%}" if x is not None else "-"  # noqa: E731
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['engine']} | {r['job']} | {r['profile_from']} | {r['error']} |" + " |" * 6)
+            lines.append(f"| {r['engine']} | {r['job']} | {r['profile_from']} | {r['error']} |" + " |" * 9)
             continue
         lo, hi = r["wall_range"]
         lines.append(f"| {r['engine']} | {r['job']} | {r['profile_from']} probe | {r['rows']} | "
                      f"{r['predicted_wall_s']:.1f} ({lo:.0f}-{hi:.0f}) | {r['actual_wall_s']:.1f} | "
                      f"{r['wall_error']:+.0%} | {r.get('eta_s', float('nan')):.1f} | "
-                     f"{r.get('actual_left_s', float('nan')):.1f} | "
-                     + (f"{r['eta_error']:+.0%} |" if r.get("eta_error") is not None else "- |"))
+                     f"{r.get('actual_left_s', float('nan')):.1f} | {pct(r.get('eta_error'))} | "
+                     f"{r.get('eta_work_s', float('nan')):.1f} | {r.get('actual_left_work_s', float('nan')):.1f} | "
+                     f"{pct(r.get('eta_work_error'))} |")
     return "\n".join(lines)
 
 

@@ -185,7 +185,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     try:
         if plan.pending:  # one local replica: no Ray (fleetllm.batch.execution.local_run); else the Ray Data stream
             if in_process:  # the live ETA reads the engine's progress (estimate_live.RunEstimate.watch)
-                times = local_run.run_shards(plan, preprocessor, commit, estimate.watch if estimate else None)
+                times = local_run.run_shards(plan, preprocessor, commit, estimate.watch if estimate else None,
+                                             progress.refresh if estimate else None)
             else:
                 times = run_on_ray(plan, preprocessor, commit)
             if times["ready"] < float("inf"):

@@ -136,12 +136,17 @@ class Eta:
                      running: tuple[int, ...] = ()) -> float | None:
         rows_total = max(0, self.shape.rows - self.shape.rows_past_context)
         left = max(0, rows_total - rows_done)
-        if rows_done <= 0 or elapsed_s <= 0:
-            return None
-        frac = rows_done / max(1, rows_total)
-        w = frac / (frac + 0.02)
-        seen_mean = output_tokens_done / (rows_done * self.shape.n)
-        mean = self.prior_mean + w * (seen_mean - self.prior_mean)
+        if elapsed_s <= 0 or (rows_done <= 0 and not sum(running)):
+            return None  # nothing measured yet
+        # the share of the job measured: rows done, and the running sequences' tokens as rows' worth (all the
+        # rows of a job that fits the engine run at once and finish together: until then, only they say it)
+        running_rows = sum(running) / (self.shape.n * self.prior_mean) if self.prior_mean else 0.0
+        frac = (rows_done + running_rows) / max(1, rows_total)
+        w = frac / (frac + 0.02)  # the measured speed's weight
+        frac_rows = rows_done / max(1, rows_total)
+        w_len = frac_rows / (frac_rows + 0.02)  # the output lengths seen: only rows done have theirs
+        seen_mean = output_tokens_done / (rows_done * self.shape.n) if rows_done else self.prior_mean
+        mean = self.prior_mean + w_len * (seen_mean - self.prior_mean)
         scale = mean / self.prior_mean if self.prior_mean else 1.0
         lengths = tuple(max(0, round(x * scale)) for x in self.prior)
         running = running if left else ()
@@ -153,7 +158,7 @@ class Eta:
         seen = tuple(max(0, round(x * seen_mean / self.prior_mean)) for x in self.prior) if self.prior_mean else lengths
         # the rows done kept the engine full: the batch drains only at the end (the work left's)
         done_pred = predict_work(self.rates, replace(replica_work(self.shape, self.layout, seen, rows_done),
-                                                     drains=False))
+                                                     drains=False)) if rows_done else 0.0
         left_pred = predict_work(self.rates, replica_work(self.shape, self.layout, lengths, left))
         if running:  # their prefill and tokens so far: done, and no longer left
             done_pred += predict_work(self.rates, self._running_work(running, sum(running) / len(running)))

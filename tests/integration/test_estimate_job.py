@@ -181,3 +181,27 @@ def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, t
     assert profile["startup_s"] and len(profile["calls"]) == len(calls)
     assert len(json.loads(next((home / "lengths").glob("*.json")).read_text())["lengths"]) == 1 + 4  # full calls
     assert out["estimate"]["wall_s"] is not None and not (tmp_path / "out").exists()
+
+
+def test_the_in_process_run_shows_the_engine_to_the_eta_once_ready_and_ticks_between_commits(tmp_path, tiny_model):
+    """local_run.run_shards: `on_engine(engine, ready_at)` once the engine is up, before the first commit (a job
+    the engine holds whole commits only at its end), and `on_tick()` while shards compute."""
+    from fleetllm.batch.execution import local_run
+    from fleetllm.batch.planning.job_prepare import prepare
+    from fleetllm.batch.runner import make_preprocessor
+
+    _, job = write_job(tmp_path, tiny_model, rows=8)
+    job["sampling"]["max_tokens"] = 32
+    spec = JobSpec.model_validate(job)
+    plan = prepare(plan_job(spec, resources=local_run.local_resources_for_run(spec)))
+    events: list[tuple] = []
+    times = local_run.run_shards(
+        plan, make_preprocessor(spec, plan.task, plan.engine, plan.reads_images),
+        lambda shard, table: events.append(("commit", table.num_rows)),
+        lambda engine, ready_at: events.append(("engine", ready_at, engine.progress)),
+        lambda: events.append(("tick",)), tick_s=0.002)
+    kinds = [e[0] for e in events]
+    assert kinds.count("engine") == 1 and kinds.index("engine") < kinds.index("commit")
+    assert kinds.index("engine") < kinds.index("tick") < kinds.index("commit")  # ticks while the first shard runs
+    assert sum(e[1] for e in events if e[0] == "commit") == 8
+    assert events[kinds.index("engine")][1] == times["ready"]

@@ -268,6 +268,48 @@ def test_eta_counts_the_work_done_on_rows_still_running():
     assert no_rates == pytest.approx((576 * 50 - 64 * 25) / 100)
 
 
+def test_eta_before_any_row_is_done_reads_the_running_sequences():
+    """A job the engine holds whole (1,024 rows on an H100's 1,024 sequences) finishes its rows together at
+    its end: until then only the running sequences' tokens say how far it is (lease 12: the ETA at 10% of
+    the rows came 0.2 s before the end)."""
+    rates = fit(probe_calls(CONTINUOUS))
+    sh = shape(rows=640, prompt_tokens=640 * 100, lengths=(50,) * 10)
+    lay = Layout(1, 0, 2, 16, 64, CONTINUOUS)
+    work = lambda rows, out: predict_work(rates, Work(rows, 100, 0.0, (out,), 1, CONTINUOUS, 16, 64))
+    eta = Eta(sh, lay, rates)
+    assert eta.seconds_left(0, 0, 5.0) is None and eta.seconds_left(0, 0, 5.0, running=(0,) * 64) is None
+    on_model = eta.seconds_left(0, 0, work(64, 25), running=(25,) * 64)
+    assert on_model == pytest.approx(work(640, 50) - work(64, 25), rel=0.05)
+    assert eta.seconds_left(0, 0, 2 * work(64, 25), running=(25,) * 64) > 1.3 * on_model  # slower than the profile
+    no_rates = Eta(sh, lay, None).seconds_left(0, 0, 16.0, running=(25,) * 64)  # 1,600 tokens in 16 s: 100 tok/s
+    assert no_rates == pytest.approx((640 * 50 - 64 * 25) / 100)
+
+
+def test_the_run_eta_starts_at_engine_ready_and_logs_ticks_sparsely():
+    """Between commits the in-process run asks for the ETA every second (local_run's tick): run.json keeps
+    every ETA made at a commit, and of the ticks one per 1/200 of the time run so far (at least 1 s)."""
+    import time
+    from types import SimpleNamespace
+
+    from fleetllm.batch.reports.estimate_live import RunEstimate
+    from fleetllm.engines.base import EngineProgress
+
+    run = RunEstimate.__new__(RunEstimate)
+    run.ready, run.log, run.engine_progress, run.default_seqs = None, [], None, None
+    run.t0 = time.time() - 10.0
+    run.eta_model = SimpleNamespace(seconds_left=lambda *a: 5.0)
+    assert run.eta(0, 0) is None  # no engine ready: nothing to say
+    run.watch(SimpleNamespace(progress=lambda: EngineProgress(0, 0, (4,)), default_max_num_seqs=None,
+                              start_compile_s=None), ready_at=run.t0 + 2.0)
+    assert run.ready == run.t0 + 2.0
+    assert [run.eta(0, 0) for _ in range(3)] == [5.0] * 3 and len(run.log) == 1  # ticks within a second: one
+    run.eta(4, 40)  # a commit: logged
+    assert [p[1] for p in run.log] == [0, 4]
+    run.log[-1][0] -= 1.5  # 1.5 s later (at 10 s run, the spacing is 1 s)
+    run.eta(4, 40)
+    assert len(run.log) == 3
+
+
 def test_running_credit_is_the_work_a_running_sequence_saves():
     from fleetllm.estimate.estimate import running_credit
 
@@ -294,9 +336,9 @@ def test_the_run_eta_reads_the_in_process_engines_progress():
     assert run.eta(8, 80) == 9.0 and seen[-1][:2] == (8, 80) and seen[-1][3] == ()
     progress = EngineProgress(finished=11, finished_tokens=100, running=(3, 4))
     run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024, start_compile_s=0.0))
-    run.eta(8, 80)
+    run.eta(9, 90)
     assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
-    assert run.log[-1][1:] == [8, 9.0, 11, 100, 2, 7]  # the rows committed, and what the ETA was computed from
+    assert run.log[-1][1:] == [9, 9.0, 11, 100, 2, 7]  # the rows committed, and what the ETA was computed from
     assert run.default_seqs == 1024  # the engine's own max_num_seqs, for the profile the run teaches
     run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None, start_compile_s=None))  # an engine that does not count
     run.eta(8, 80)

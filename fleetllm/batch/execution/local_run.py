@@ -35,6 +35,8 @@ from fleetllm import sizing
 from fleetllm.batch.execution.telemetry import run_field
 from fleetllm.spec import JobSpec
 
+TICK_S = 1.0  # between commits, how often the live ETA reads the engine's progress
+
 
 def local_resources_for_run(spec: JobSpec) -> dict[str, float]:
     return sizing.local_run_resources(spec.compute.cpus_per_replica, spec.compute.replicas)
@@ -86,6 +88,10 @@ class EngineStarter:
     def _new_children(self) -> set[int]:
         return {p.pid for p in multiprocessing.active_children()} - self._children_before
 
+    def started(self) -> bool:
+        """The engine is up (its start ended without an error); does not wait."""
+        return not self._thread.is_alive() and self._error is None and self._stage is not None
+
     def stage(self):
         self._thread.join()
         if self._error is not None:
@@ -100,10 +106,11 @@ class EngineStarter:
             self._stage = None
 
 
-def run_shards(plan, preprocessor, on_shard, on_engine=None) -> dict[str, float]:
+def run_shards(plan, preprocessor, on_shard, on_engine=None, on_tick=None, tick_s: float = TICK_S) -> dict[str, float]:
     """Run every pending shard through one in-process engine; `on_shard(shard, table)` commits each in
-    this thread as it completes (`on_engine(engine)` is called once before the first: the live ETA reads
-    the engine's progress). Returns the engine's timestamps (ready, first call, last call done)."""
+    this thread as it completes. `on_engine(engine, ready_at)` is called once the engine is ready and
+    `on_tick()` every `tick_s` while no shard completes (the live ETA reads the engine's progress between
+    commits). Returns the engine's timestamps (ready, first call, last call done)."""
     from fleetllm.batch.planning.job_plan import engine_pool
     from fleetllm.batch.execution.pipeline import job_stages
     from fleetllm.engines.capabilities import capabilities
@@ -153,16 +160,19 @@ def run_shards(plan, preprocessor, on_shard, on_engine=None) -> dict[str, float]
                 while todo and len(running) < ahead:
                     shard = todo.pop(0)
                     running[workers.submit(shard_table, shard)] = shard
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                finished, _ = wait(running, timeout=tick_s if on_tick or on_engine else None,
+                                   return_when=FIRST_COMPLETED)
+                if on_engine is not None and (finished or starter.started()):
+                    on_engine, watch = None, on_engine
+                    watch(starter.stage().engine, starter.stage().ready_at)
+                if not finished and on_tick is not None and starter.started():
+                    on_tick()
                 for fut in finished:
                     shard = running.pop(fut)
                     table = fut.result()  # an engine that died fails the run; committed shards stay
                     times["ready"] = min(times["ready"], starter.stage().ready_at)
                     times["first_call"] = min([times["first_call"], *run_field(table, "started")])
                     times["last_done"] = max([times["last_done"], *run_field(table, "finished")])
-                    if on_engine is not None:
-                        on_engine, watch = None, on_engine
-                        watch(starter.stage().engine)
                     on_shard(shard, table)
     except BaseException:
         for fut in running:

@@ -31,6 +31,7 @@ OBSERVE_S = 300.0  # engine calls kept from a run's first minutes
 # seconds since start, rows committed, the ETA; what it was computed from: rows and output tokens done (the engine's
 # count where it gives one), sequences running and their output tokens so far
 LOG_COLUMNS = ("t_s", "rows_done", "eta_s", "rows_counted", "output_tokens_counted", "running", "running_tokens")
+LOG_EVERY = 1 / 200  # between commits, an ETA point per this share of the time run so far
 KEEP_COLUMNS = ("error", "_run", "num_input_tokens", "num_generated_tokens", "_cached_tokens", "sampling_params")
 
 
@@ -75,10 +76,14 @@ class RunEstimate:
         if self.ready is not None and time.time() - self.ready <= OBSERVE_S:
             self.calls.extend(group_calls(rows, self.default_n))
 
-    def watch(self, engine) -> None:
-        """The run's engine is in this process (fleetllm.batch.execution.local_run): the ETA also reads
-        the work it has done on rows not committed yet (Engine.progress; None from engines that do not
-        count it). Rows on Ray replicas come back only complete, so there the ETA sees committed rows."""
+    def watch(self, engine, ready_at: float | None = None) -> None:
+        """The run's engine is in this process (fleetllm.batch.execution.local_run), called once it is ready
+        (`ready_at`): the ETA also reads the work it has done on rows not committed yet (Engine.progress;
+        None from engines that do not count it), so it has one before the first commit (a job the engine
+        holds at once commits only at its end). Rows on Ray replicas come back only complete, so there the
+        ETA sees committed rows."""
+        if ready_at is not None and self.ready is None:
+            self.ready = ready_at
         self.engine_progress = engine.progress
         self.default_seqs = engine.default_max_num_seqs or self.default_seqs  # kept in the profile (learn)
         self.compile_s = engine.start_compile_s  # whether the run's start compiled (learn)
@@ -89,6 +94,7 @@ class RunEstimate:
         and the tokens of those still running count as done."""
         if self.ready is None:
             return None
+        self._made()  # before the first commit when the engine's progress is read (tick)
         now = time.time()
         live = self.engine_progress() if self.engine_progress is not None else None
         running: tuple[int, ...] = ()
@@ -96,10 +102,18 @@ class RunEstimate:
         if live is not None:
             rows, tokens, running = max(rows, live.finished), max(tokens, live.finished_tokens), live.running
         left = self.eta_model.seconds_left(rows, tokens, now - self.ready, running)
-        if left is not None:
+        if left is not None and self._logs(now, rows_done):
             self.log.append([round(now - self.t0, 3), rows_done, round(left, 2), rows, tokens, len(running),
                              sum(running)])
         return left
+
+    def _logs(self, now: float, rows_done: int) -> bool:
+        """Every ETA after a commit is logged; between commits (ticks) one per LOG_EVERY of the run so far
+        (at least 1 s apart), so a long run's run.json keeps a few hundred points, not one per tick."""
+        if not self.log or self.log[-1][1] != rows_done:
+            return True
+        since = now - self.t0
+        return since - self.log[-1][0] >= max(1.0, since * LOG_EVERY)
 
     def finish(self, report: dict[str, Any]) -> None:
         """run.json's `estimate` (at the start, what happened, the ETAs shown), then the profile and the

@@ -86,6 +86,21 @@ class JobProgress:
             self._last_line = time.monotonic()
             self.console.print(self.line())
 
+    def refresh(self) -> None:
+        """Between commits (a tick of the in-process run): the model's ETA again, from the engine's work on
+        the rows it holds; shown as advance shows it."""
+        if self.eta is None:
+            return
+        eta = self.eta(self.done, self.output_tokens)
+        if eta is None:
+            return
+        self.eta_s = eta
+        if self._progress is not None:
+            self._progress.update(self._task, rate=self._rates() + f"  ETA {eta:.0f}s (model)")
+        elif time.monotonic() - self._last_line >= self.interval_s:
+            self._last_line = time.monotonic()
+            self.console.print(self.line())
+
     def line(self) -> str:
         finished = self.done + self.skipped
         elapsed = max(time.monotonic() - self.start, 1e-6)

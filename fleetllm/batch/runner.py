@@ -167,7 +167,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         nonlocal last_commit
         series.batch(table)
         if estimate is not None:
-            estimate.observe(table)
+            with progress.lock:  # a tick thread may be reading the estimate (Ray path)
+                estimate.observe(table)
         commit_started = time.time()
         entry = (commit_shard if shard.only_lines is None else commit_retried)(out, plan, shard, table, writer)
         series.commit(entry, commit_started)
@@ -184,11 +185,12 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         wait_listeners.append(listen)
     try:
         if plan.pending:  # one local replica: no Ray (fleetllm.batch.execution.local_run); else the Ray Data stream
-            if in_process:  # the live ETA reads the engine's progress (estimate_live.RunEstimate.watch)
-                times = local_run.run_shards(plan, preprocessor, commit, estimate.watch if estimate else None,
-                                             progress.refresh if estimate else None)
+            # the live ETA reads the engines' progress (estimate_live.RunEstimate.watch), between commits too
+            watch, tick = (estimate.watch, progress.refresh) if estimate is not None else (None, None)
+            if in_process:
+                times = local_run.run_shards(plan, preprocessor, commit, watch, tick)
             else:
-                times = run_on_ray(plan, preprocessor, commit)
+                times = run_on_ray(plan, preprocessor, commit, watch, tick)
             if times["ready"] < float("inf"):
                 ready_at.append(times["ready"])
             first_call, last_done = times["first_call"], times["last_done"]

@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 from fleetllm.engines.base import (
     Completion,
     Engine,
+    EngineProgress,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
@@ -35,6 +36,7 @@ SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetitio
 
 class TransformersEngine(Engine):
     name = "transformers"
+    _finished: list[int] | None = None  # requests generate() finished and their output tokens, once started
 
     def start(self) -> None:
         import torch
@@ -88,6 +90,7 @@ class TransformersEngine(Engine):
         self._max_model_len = int(own.get("max_model_len") or context)
         self.torch = torch  # the torch module (imported here, not at import time)
         self.generate_lock = threading.Lock()  # one generate() on the model at a time
+        self._finished = [0, 0]  # requests generate() finished, their output tokens (progress)
         self._vocab_size = int(getattr(text_config, "vocab_size", 0) or len(self.tokenizer))
         self.chars_per_token = max_chars_per_token(self.tokenizer)
 
@@ -236,7 +239,14 @@ class TransformersEngine(Engine):
                 for chunk in self._chunks(members):
                     for (i, *_), res in zip(chunk, self._generate_group(chunk)):
                         results[i] = res
+                        self._finished[0] += 1
+                        self._finished[1] += res.num_generated_tokens
         return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
+
+    def progress(self) -> EngineProgress | None:
+        """Requests finished so far (each static batch counts once generate() has it; nothing runs between)."""
+        f = self._finished
+        return None if f is None else EngineProgress(f[0], f[1], ())
 
     def _chunks(self, members):
         """Split a group so that padded prompt+generation tokens stay under max_batch_tokens."""

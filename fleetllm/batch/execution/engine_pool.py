@@ -44,6 +44,8 @@ class EnginePool:
     ray_remote_args: dict[str, Any] = field(default_factory=dict)  # runtime_env, accelerator_type (Ray Data LLM's)
     # the job's sampling (SamplingSpec.request_params), parsed once: rows without their own run with it
     sampling: dict[str, Any] = field(default_factory=dict)
+    # a `fleetllm run` on Ray: the replicas report their engine's progress there (progress_board; the live ETA)
+    progress_board: Any = None
 
     def tokenize_stage_kwargs(self, batch_size: int | None = None) -> dict[str, Any] | None:
         """Arguments of the preprocess tokenization stage for this pool's engine, or None
@@ -97,6 +99,8 @@ class EnginePool:
                       rows_in_flight=self.rows_in_flight)
         if self.task != "embed":
             kwargs["sampling"] = dict(self.sampling)
+            if self.progress_board is not None:
+                kwargs["progress_board"] = self.progress_board
         return kwargs
 
     def map_batches_kwargs(self) -> dict[str, Any]:

@@ -311,7 +311,7 @@ class EngineStage:
     def __init__(self, engine_name: str, model_path: str, engine_kwargs: dict[str, Any],
                  chat_template_kwargs: dict[str, Any] | None = None, max_retries: int = 2,
                  node_id: str | None = None, rows_in_flight: int | None = None,
-                 sampling: Mapping[str, Any] | None = None) -> None:
+                 sampling: Mapping[str, Any] | None = None, progress_board: Any = None) -> None:
         from fleetllm.engines import create_engine
 
         self.sampling = MappingProxyType(dict(sampling or {}))  # the job's, for rows without their own
@@ -325,6 +325,10 @@ class EngineStage:
         self.ready_at = time.time()  # lets the report measure throughput after engine start
         self.node_id = replica_node_id(node_id)
         self.replica = replica_id()
+        if progress_board is not None:  # the driver's live ETA on the Ray path (progress_board)
+            from fleetllm.batch.execution.progress_board import Reporter
+
+            self._reporter = Reporter(progress_board, self.replica or self.node_id, self.ready_at, self.engine)
 
     def __call__(self, batch):
         started = time.time()

@@ -11,6 +11,7 @@ the stages of fleetllm.batch.execution.pipeline, run by Ray Data.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -68,11 +69,11 @@ def release_cluster_request(spec: JobSpec) -> None:
         request_from_autoscaler({})
 
 
-def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict]):
+def build_dataset(plan: JobPlan, preprocessor: Callable[[dict], dict], progress_board: Any = None):
     """The job's dataset. Grouped by prefix on several replicas: one lane per replica (an actor pool of
     one, fed only its lane's shards; fleetllm.batch.planning.prefix.replica_lanes), the lanes' outputs unioned, so
     the rows of one prefix meet one replica's prefix cache. Otherwise one pool of all the replicas."""
-    pool = engine_pool(plan)
+    pool = replace(engine_pool(plan), progress_board=progress_board)
     if plan.lanes_by_prefix:
         from fleetllm.batch.planning.prefix import replica_lanes
 
@@ -101,19 +102,61 @@ def _shard_stream(plan: JobPlan, preprocessor: Callable[[dict], dict], shards: l
     return ds.map_batches(pool.stage_class(), **pool.map_batches_kwargs())
 
 
-def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Callable) -> dict[str, float]:
+def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Callable,
+               on_engine: Callable | None = None, on_tick: Callable | None = None) -> dict[str, float]:
     """Stream the pending shards through the replicas; `on_shard(shard, table)` commits each complete
-    shard in the driver. Returns the replicas' timestamps (first ready, first call, last call done)."""
+    shard in the driver. With `on_engine` and `on_tick` (the live ETA), the replicas report their engines'
+    progress to a board (fleetllm.batch.execution.progress_board): `on_engine(board_engine, ready_at)` once the
+    first replica is ready, then `on_tick()` every TICK_S from a thread beside the stream. Returns the
+    replicas' timestamps (first ready, first call, last call done)."""
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
     by_id = {s.shard_id: s for s in plan.pending}
     assembler = ShardAssembler(plan.pending)
-    ds = build_dataset(plan, preprocessor)
-    for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
-        readies = run_field(batch, "ready") if times["ready"] == float("inf") else []
-        if readies:
-            times["ready"] = min(readies)
-        times["first_call"] = min([times["first_call"], *run_field(batch, "started")])
-        times["last_done"] = max([times["last_done"], *run_field(batch, "finished")])
-        for shard_id, table in assembler.add(batch):
-            on_shard(by_id[shard_id], table)
+    ticker = _Ticker(on_engine, on_tick) if on_engine is not None and on_tick is not None else None
+    ds = build_dataset(plan, preprocessor, ticker.board if ticker is not None else None)
+    try:
+        for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=0):
+            readies = run_field(batch, "ready") if times["ready"] == float("inf") else []
+            if readies:
+                times["ready"] = min(readies)
+            times["first_call"] = min([times["first_call"], *run_field(batch, "started")])
+            times["last_done"] = max([times["last_done"], *run_field(batch, "finished")])
+            for shard_id, table in assembler.add(batch):
+                on_shard(by_id[shard_id], table)
+    finally:
+        if ticker is not None:
+            ticker.stop()
     return times
+
+
+class _Ticker:
+    """The driver's live-ETA thread on the Ray path: watches the board until a replica is ready, then ticks."""
+
+    def __init__(self, on_engine: Callable, on_tick: Callable) -> None:
+        from fleetllm.batch.execution.progress_board import BoardEngine, open_board
+
+        self.board = open_board()
+        self.engine = BoardEngine(self.board)
+        self.on_engine, self.on_tick = on_engine, on_tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleetllm-eta-tick", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from fleetllm.batch.execution.local_run import TICK_S
+
+        watched = False
+        while not self._stop.wait(TICK_S):
+            if not watched:
+                if self.engine.read() is None:
+                    continue
+                self.on_engine(self.engine, self.engine.ready_at)
+                watched = True
+            self.on_tick()
+
+    def stop(self) -> None:
+        import ray
+
+        self._stop.set()
+        self._thread.join(timeout=10)
+        ray.kill(self.board)  # the replicas' reporters stop at their next report

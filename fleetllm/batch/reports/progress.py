@@ -10,6 +10,7 @@ On a terminal a rich progress bar; elsewhere (CI, logs, a subprocess) one plain 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -35,6 +36,7 @@ class JobProgress:
         self._last_line = self.start
         self.wait_note: str | None = None  # what the engine waits for (a Retry-After...), until rows come
         self._last_note = float("-inf")
+        self.lock = threading.Lock()  # the ETA state: advance, observe (committing); refresh (a tick on Ray)
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal
         self._progress = None
@@ -70,6 +72,11 @@ class JobProgress:
     def advance(self, rows: int, output_tokens: int, errors: int = 0, prompt_tokens: int = 0,
                 cached_tokens: int | None = None) -> None:
         """`cached_tokens`: of the `prompt_tokens`, those the engine found in its prefix cache (None: not said)."""
+        with self.lock:
+            self._advance(rows, output_tokens, errors, prompt_tokens, cached_tokens)
+
+    def _advance(self, rows: int, output_tokens: int, errors: int, prompt_tokens: int,
+                 cached_tokens: int | None) -> None:
         self.done += rows
         self.wait_note = None
         self.output_tokens += output_tokens
@@ -87,14 +94,15 @@ class JobProgress:
             self.console.print(self.line())
 
     def refresh(self) -> None:
-        """Between commits (a tick of the in-process run): the model's ETA again, from the engine's work on
-        the rows it holds; shown as advance shows it."""
+        """Between commits (a tick): the model's ETA again, from the engines' work on the rows they hold;
+        shown as advance shows it."""
         if self.eta is None:
             return
-        eta = self.eta(self.done, self.output_tokens)
-        if eta is None:
-            return
-        self.eta_s = eta
+        with self.lock:
+            eta = self.eta(self.done, self.output_tokens)
+            if eta is None:
+                return
+            self.eta_s = eta
         if self._progress is not None:
             self._progress.update(self._task, rate=self._rates() + f"  ETA {eta:.0f}s (model)")
         elif time.monotonic() - self._last_line >= self.interval_s:

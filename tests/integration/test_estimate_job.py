@@ -176,9 +176,6 @@ def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, t
     assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls[:3]] == [1, 2, 4]  # the job's rows: 1, 2, 4
     assert [c["steps"] for c in calls[3:5]] == [48, 48]  # then the fixed shapes: 48 tokens forced at 1 and 4 rows
     assert len({c["steps"] for c in calls}) > 1  # every other call cut to a quarter of max_tokens
-    # last, prompts cut to 100 characters at the batch (a static batch holds no more than the probe's calls): the fit
-    # can tell a sequence's step cost from its context's (this job's prompts are shorter already)
-    assert calls[-1]["steps"] == 48 and calls[-1]["seq_steps"] == 4 * 48
     profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
     assert profile["sources"][-1] == {**profile["sources"][-1], "kind": "probe", "rows": 7}
     assert profile["startup_s"] and len(profile["calls"]) == len(calls)

@@ -81,11 +81,6 @@ SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
 # decode step is compute-bound there, memory-bound at the probe's smaller calls), of short prompts and
 # FULL_BATCH_TOKENS out each, so the fit sees the step time at the run's batch and does not extrapolate to it.
 FULL_BATCH_CHARS, FULL_BATCH_TOKENS, FULL_BATCH_MAX = 400, 32, 4096
-# Else (a static batch, or an engine that holds no more than the probe's calls), one call of short prompts at the
-# probe's batch: every other call carries the job's own prompts, so on a job of long prompts the fit could not
-# tell a sequence's step cost from its context's (transformers, a long-answer job from a prefix job's probe:
-# -38%, docs/estimates.md).
-SHORT_PROMPT_CHARS, SHORT_PROMPT_TOKENS = 100, 48
 
 
 def shaped(row: dict, min_chars: int, out: int, plan, max_chars: int | None = None) -> dict:
@@ -134,8 +129,6 @@ def probe_calls(stage, plan, picked: list[dict], sizes: list[int], kind: str) ->
     held = layout(plan, default_seqs=stage.engine.default_max_num_seqs).concurrency  # as the run will hold
     if min(held, FULL_BATCH_MAX) > cap_rows:
         shapes.append((min(held, FULL_BATCH_MAX), 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS))
-    else:
-        shapes.append((cap_rows, 0, SHORT_PROMPT_TOKENS, SHORT_PROMPT_CHARS))
     for n, chars, tokens, most in shapes:
         rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan, most) for i in range(n)]
         out = stage(call_table(plan, rows_of_shape, None)).to_pylist()

@@ -85,6 +85,6 @@ class Reporter:
                 if p is not None:
                     self.board.report.remote(self.replica, self.ready_at, p.finished, p.finished_tokens,
                                              list(p.running))
-            except Exception:  # the board gone (the run ended) or the engine stopping: nothing to report
-                return
+            except Exception:  # noqa: BLE001 - the engine stopping, the board gone: this report is skipped
+                pass
             time.sleep(self.every_s)

@@ -77,11 +77,10 @@ class RunEstimate:
             self.calls.extend(group_calls(rows, self.default_n))
 
     def watch(self, engine, ready_at: float | None = None) -> None:
-        """The run's engine is in this process (fleetllm.batch.execution.local_run), called once it is ready
-        (`ready_at`): the ETA also reads the work it has done on rows not committed yet (Engine.progress;
-        None from engines that do not count it), so it has one before the first commit (a job the engine
-        holds at once commits only at its end). Rows on Ray replicas come back only complete, so there the
-        ETA sees committed rows."""
+        """The run's engine, called once it is ready (`ready_at`): in this process (fleetllm.batch.execution.
+        local_run), or on Ray the sum of the replicas' reports (progress_board.BoardEngine). The ETA also reads
+        the work done on rows not committed yet (Engine.progress; None from engines that do not count it), so
+        it has one before the first commit (a job the engine holds at once commits only at its end)."""
         if ready_at is not None and self.ready is None:
             self.ready = ready_at
         self.engine_progress = engine.progress

@@ -166,9 +166,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
     def commit(shard: Shard, table) -> None:
         nonlocal last_commit
         series.batch(table)
-        if estimate is not None:
-            with progress.lock:  # a tick thread may be reading the estimate (Ray path)
-                estimate.observe(table)
+        with progress.lock:  # a tick thread may be reading the estimate (Ray path)
+            estimate is not None and estimate.observe(table)
         commit_started = time.time()
         entry = (commit_shard if shard.only_lines is None else commit_retried)(out, plan, shard, table, writer)
         series.commit(entry, commit_started)
@@ -187,10 +186,8 @@ def _run_job(spec: JobSpec, *, overwrite: bool = False, dry_run: bool = False,
         if plan.pending:  # one local replica: no Ray (fleetllm.batch.execution.local_run); else the Ray Data stream
             # the live ETA reads the engines' progress (estimate_live.RunEstimate.watch), between commits too
             watch, tick = (estimate.watch, progress.refresh) if estimate is not None else (None, None)
-            if in_process:
-                times = local_run.run_shards(plan, preprocessor, commit, watch, tick)
-            else:
-                times = run_on_ray(plan, preprocessor, commit, watch, tick)
+            run = local_run.run_shards if in_process else run_on_ray
+            times = run(plan, preprocessor, commit, watch, tick)
             if times["ready"] < float("inf"):
                 ready_at.append(times["ready"])
             first_call, last_done = times["first_call"], times["last_done"]

@@ -27,7 +27,7 @@ def test_replicas_report_their_engines_progress_and_the_driver_reads_the_sum(ray
     board = open_board()
     driver = BoardEngine(board)
     assert driver.read() is None and driver.ready_at is None  # no replica has reported
-    Reporter(board, "replica-a", 200.0, engine, every_s=0.05)
+    first = Reporter(board, "replica-a", 200.0, engine, every_s=0.05)
     results = engine.generate([GenerationRequest(prompt=f"count to {i}", sampling={"max_tokens": 5, "temperature": 0})
                                for i in range(3)])
     tokens = sum(r.num_generated_tokens for r in results)
@@ -35,10 +35,11 @@ def test_replicas_report_their_engines_progress_and_the_driver_reads_the_sum(ray
     assert seen.finished_tokens == tokens and seen.running == () and driver.ready_at == 200.0
     other = create_engine("transformers", tiny_model)
     other.start()
-    Reporter(board, "replica-b", 150.0, other, every_s=0.05)
+    second = Reporter(board, "replica-b", 150.0, other, every_s=0.05)
     other.generate([GenerationRequest(prompt="hello", sampling={"max_tokens": 4, "temperature": 0})])
     both = wait_for(driver.read, lambda p: p.finished == 4)
     assert both.finished_tokens > tokens and driver.ready_at == 150.0  # the first replica ready
+    first.stop(), second.stop()  # their threads live in this process: no report may outlive the test's Ray
 
 
 def test_a_job_on_ray_keeps_its_etas(ray_local, tiny_model, tmp_path, monkeypatch):

@@ -10,7 +10,6 @@ and tokens finished, the running sequences' tokens so far, and the first replica
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from fleetllm.engines.base import EngineProgress
@@ -75,11 +74,16 @@ class Reporter:
 
     def __init__(self, board: Any, replica: str, ready_at: float, engine: Any, every_s: float = REPORT_S) -> None:
         self.board, self.replica, self.ready_at, self.engine, self.every_s = board, replica, ready_at, engine, every_s
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleetllm-progress", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while True:
+        import ray
+
+        while not self._stop.wait(self.every_s):
+            if not ray.is_initialized():  # Ray shut down here: a call would start a new one
+                return
             try:
                 p = self.engine.progress()
                 if p is not None:
@@ -87,4 +91,7 @@ class Reporter:
                                              list(p.running))
             except Exception:  # noqa: BLE001 - the engine stopping, the board gone: this report is skipped
                 pass
-            time.sleep(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -136,6 +136,20 @@ class EngineProgress:
     running: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class GenerateTiming:
+    """One static batch's clock (a `generate` of `width` sequences over prompts padded to `prompt_len`
+    tokens): when it `started`, when its prefill gave the first token, and when its last of `steps` steps
+    ended. It tells the prefill's time from the decode steps' (fleetllm.estimate.observe.split_call)."""
+
+    width: int
+    prompt_len: int
+    steps: int
+    started: float
+    first_token_at: float
+    finished: float
+
+
 def clean_sampling(sampling: dict[str, Any] | None) -> dict[str, Any]:
     """Drop unset (None) values: Arrow struct columns fill absent keys with nulls."""
     return {k: v for k, v in (sampling or {}).items() if v is not None}
@@ -256,6 +270,12 @@ class Engine(abc.ABC):
         """The batch work this engine has done so far, counted as it happens (a live ETA reads it between
         commits); None when the engine does not count it (its rows are seen only once complete)."""
         return None
+
+    def take_generate_timings(self) -> "list[GenerateTiming]":
+        """The clocks of the static batches run since the last call (and forgets them); [] for an engine
+        that keeps none (continuous batching: its calls overlap, fleetllm.estimate.observe reads them as
+        windows)."""
+        return []
 
     def streaming_stats(self) -> dict[str, Any]:
         """Counters of the streaming loop (queued, running, batches...), for /metrics; {} when none."""

@@ -7,6 +7,7 @@ settings generated together): measured faster than transformers' continuous batc
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from typing import Any, AsyncIterator
@@ -15,6 +16,7 @@ from fleetllm.engines.base import (
     Completion,
     Engine,
     EngineProgress,
+    GenerateTiming,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
@@ -23,6 +25,7 @@ from fleetllm.engines import transformers_vision, vllm_kwargs
 from fleetllm.engines.chat import max_chars_per_token, prompt_ids, render_prompt
 from fleetllm.engines.fields import output_budget
 from fleetllm.engines.transformers_adapters import adapter_names, check_adapter
+from fleetllm.engines.transformers_clock import step_clock
 from fleetllm.errors import EngineError, RowError
 
 # engine_kwargs this engine reads itself; the rest go to from_pretrained.
@@ -37,6 +40,7 @@ SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetitio
 class TransformersEngine(Engine):
     name = "transformers"
     _finished: list[int] | None = None  # requests generate() finished and their output tokens, once started
+    _timings: "collections.deque | None" = None  # the static batches' clocks not yet taken, once started
 
     def start(self) -> None:
         import torch
@@ -91,6 +95,7 @@ class TransformersEngine(Engine):
         self.torch = torch  # the torch module (imported here, not at import time)
         self.generate_lock = threading.Lock()  # one generate() on the model at a time
         self._finished = [0, 0]  # requests generate() finished, their output tokens (progress)
+        self._timings = collections.deque(maxlen=256)
         self._vocab_size = int(getattr(text_config, "vocab_size", 0) or len(self.tokenizer))
         self.chars_per_token = max_chars_per_token(self.tokenizer)
 
@@ -248,6 +253,12 @@ class TransformersEngine(Engine):
         f = self._finished
         return None if f is None else EngineProgress(f[0], f[1], ())
 
+    def take_generate_timings(self) -> list[GenerateTiming]:
+        taken = []
+        while self._timings:
+            taken.append(self._timings.popleft())
+        return taken
+
     def _chunks(self, members):
         """Split a group so that padded prompt+generation tokens stay under max_batch_tokens."""
         budget = int(self.engine_kwargs.get("max_batch_tokens", 1 << 62))
@@ -303,8 +314,14 @@ class TransformersEngine(Engine):
             eos_ids = set()
         if sampling.get("seed") is not None:
             torch.manual_seed(int(sampling["seed"]))
+        from transformers import StoppingCriteriaList
+
+        clock = step_clock()  # the prefill told from the decode steps (the calibration probe's fit)
         with torch.inference_mode():
-            out = self.model.generate(**batch, **gen_kwargs)
+            out = self.model.generate(**batch, **gen_kwargs, stopping_criteria=StoppingCriteriaList([clock]))
+        timing = clock.timing(int(out.sequences.shape[0]), int(batch["input_ids"].shape[1]))
+        if timing is not None:
+            self._timings.append(timing)
         sequences = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
         results = []
         for row, (_, ids, row_sampling, *_) in enumerate(chunk):

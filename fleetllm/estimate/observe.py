@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetllm.engines.base import GenerateTiming
 from fleetllm.estimate.model import CONTINUOUS, Call
 
 
@@ -43,6 +44,24 @@ def call_from_rows(call: CallRows, batching: str) -> Call:
     width = len(seqs)
     mean_prompt = sum(p for p, _ in seqs) / width if width else 0.0
     return Call(1, prefill, longest, width * longest, width * longest * (mean_prompt + longest / 2), seconds)
+
+
+def split_call(call: Call, timings: Sequence[GenerateTiming]) -> list[Call]:
+    """A static-batch call as its decode steps (one observation per batch clocked, from its first token to
+    its last: steps of a known width and context) and the rest (prefill, the first token, the call's own
+    costs): two observations whose features and seconds add up to the call's, so the fit sees a step's
+    cost apart from the prefill's. The call as it is without a clock of two steps or more."""
+    parts, left = [], call
+    for t in timings:
+        steps = t.steps - 1
+        seconds = t.finished - t.first_token_at
+        if steps < 1 or seconds <= 0 or seconds >= left.seconds:
+            continue
+        ctx = t.width * steps * (t.prompt_len + t.steps / 2)
+        parts.append(Call(0, 0.0, steps, t.width * steps, ctx, seconds))
+        left = Call(left.calls, left.prefill_tokens, max(0.0, left.steps - steps),
+                    max(0.0, left.seq_steps - t.width * steps), max(0.0, left.ctx_steps - ctx), left.seconds - seconds)
+    return [left, *parts] if parts else [call]
 
 
 def window_from_calls(calls: Sequence[CallRows]) -> Call | None:

@@ -173,9 +173,15 @@ def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, t
     assert main(["calibrate", path, "--rows", "7", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     calls = out["calls"]
-    assert [round(c["seq_steps"] / max(1, c["steps"])) for c in calls[:3]] == [1, 2, 4]  # the job's rows: 1, 2, 4
-    assert [c["steps"] for c in calls[3:5]] == [48, 48]  # then the fixed shapes: 48 tokens forced at 1 and 4 rows
-    assert len({c["steps"] for c in calls}) > 1  # every other call cut to a quarter of max_tokens
+    # each static batch seen twice: its prefill with the first token and the call's own costs (calls 1), then its
+    # decode steps, clocked apart by the engine (calls 0): the two add up to the call
+    assert [c["calls"] for c in calls] == [1, 0] * (len(calls) // 2)
+    steps = calls[1::2]
+    assert all(c["prefill_tokens"] == 0 and c["seconds"] > 0 for c in steps)
+    assert all(c["prefill_tokens"] > 0 and c["steps"] == 1 for c in calls[0::2])
+    assert [round(c["seq_steps"] / c["steps"]) for c in steps[:3]] == [1, 2, 4]  # the job's rows: 1, 2, 4
+    assert [c["steps"] for c in steps[3:5]] == [47, 47]  # then the fixed shapes: 48 tokens forced at 1 and 4 rows
+    assert len({c["steps"] for c in steps}) > 1  # every other call cut to a quarter of max_tokens
     profile = json.loads(next((home / "profiles").glob("*.json")).read_text())
     assert profile["sources"][-1] == {**profile["sources"][-1], "kind": "probe", "rows": 7}
     assert profile["startup_s"] and len(profile["calls"]) == len(calls)

@@ -184,6 +184,21 @@ def test_observations_from_engine_rows():
     assert w.steps == pytest.approx(800 / (80 / 15))  # average concurrency 80 row-seconds / 15 s
 
 
+def test_a_clocked_static_call_splits_into_its_prefill_and_its_decode_steps():
+    from fleetllm.engines.base import GenerateTiming
+    from fleetllm.estimate.observe import split_call
+
+    call = Call(1, 400, 30, 120, 120 * 115, 3.0)  # 4 rows of 100 prompt tokens, 30 steps, 3 s
+    rest, steps = split_call(call, [GenerateTiming(4, 100, 30, 10.0, 10.4, 12.9)])
+    assert (steps.calls, steps.prefill_tokens, steps.steps, steps.seq_steps) == (0, 0, 29, 116)
+    assert steps.seconds == pytest.approx(2.5) and steps.ctx_steps == pytest.approx(116 * (100 + 15))
+    assert (rest.calls, rest.prefill_tokens, rest.steps, rest.seq_steps) == (1, 400, 1, 4)
+    assert rest.seconds == pytest.approx(0.5)  # the prefill, its first token and the call's own costs
+    assert [sum(f) for f in zip(rest.features(), steps.features())] == pytest.approx(call.features())
+    assert split_call(call, [GenerateTiming(4, 100, 1, 10.0, 10.4, 10.4)]) == [call]  # no decode step clocked
+    assert split_call(call, []) == [call]
+
+
 def test_profile_store_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path))
     key = {"model": "m", "engine": "vllm", "engine_version": "0.1", "accelerator": "cpu", "parallelism": "tp1"}

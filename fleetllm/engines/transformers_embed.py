@@ -25,6 +25,16 @@ class TransformersEmbedEngine(Engine):
     tasks = ("embed",)
 
     def start(self) -> None:
+        from fleetllm.engines.threads import ComputeThread
+
+        self.compute = ComputeThread("fleetllm-torch")  # every torch call on one thread (ComputeThread says why)
+        try:
+            self.compute.run(self._load)
+        except BaseException:
+            self.compute.close()
+            raise
+
+    def _load(self) -> None:
         import torch
 
         from fleetllm.engines.threads import apply_cpu_threads
@@ -81,6 +91,8 @@ class TransformersEmbedEngine(Engine):
     def stop(self) -> None:
         self.model = None
         self.tokenizer = None
+        if getattr(self, "compute", None) is not None:
+            self.compute.close()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         raise EngineError("this engine was started for the embed task; it does not generate text")
@@ -116,7 +128,8 @@ class TransformersEmbedEngine(Engine):
         with self._lock:
             for start in range(0, len(todo), self.max_batch_size):
                 chunk = todo[start:start + self.max_batch_size]
-                for (i, ids, dims), vector in zip(chunk, self._forward([ids for _, ids, _ in chunk])):
+                vectors = self.compute.run(self._forward, [ids for _, ids, _ in chunk])
+                for (i, ids, dims), vector in zip(chunk, vectors):
                     results[i] = EmbeddingResult(cut(vector, dims, self.info.normalize), num_input_tokens=len(ids))
         return [r if r is not None else EmbeddingResult.failed("internal: no result") for r in results]
 

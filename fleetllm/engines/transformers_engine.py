@@ -43,6 +43,16 @@ class TransformersEngine(Engine):
     _timings: "collections.deque | None" = None  # the static batches' clocks not yet taken, once started
 
     def start(self) -> None:
+        from fleetllm.engines.threads import ComputeThread
+
+        self.compute = ComputeThread("fleetllm-torch")  # every torch call of this engine on one thread
+        try:
+            self.compute.run(self._load)
+        except BaseException:
+            self.compute.close()
+            raise
+
+    def _load(self) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,6 +143,8 @@ class TransformersEngine(Engine):
         self._grammars = None
         self.model = None
         self.tokenizer = None
+        if getattr(self, "compute", None) is not None:
+            self.compute.close()
 
     # --- streaming (serving): concurrent requests batched together, see transformers_stream.py ---
 
@@ -238,6 +250,11 @@ class TransformersEngine(Engine):
             # rows with different constraints (or adapters) share a batch: each row follows its own;
             # rows with images are batched apart (the processor builds their inputs)
             groups.setdefault((*key, bool(req.images)), []).append((i, ids, sampling, grammar, req))
+        self.compute.run(self._generate_groups, groups, results)
+        return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
+
+    def _generate_groups(self, groups: dict, results: list) -> None:
+        """The groups' batches, one after another, into `results` (on the compute thread)."""
         with self.generate_lock:
             for members in groups.values():
                 members.sort(key=lambda m: len(m[1]))
@@ -246,7 +263,6 @@ class TransformersEngine(Engine):
                         results[i] = res
                         self._finished[0] += 1
                         self._finished[1] += res.num_generated_tokens
-        return [r if r is not None else GenerationResult.failed("internal: no result") for r in results]
 
     def progress(self) -> EngineProgress | None:
         """Requests finished so far (each static batch counts once generate() has it; nothing runs between)."""

@@ -43,6 +43,7 @@ class StreamModel(Protocol):
     device: str
     torch: Any
     generate_lock: threading.Lock
+    compute: Any  # fleetllm.engines.threads.ComputeThread: the one thread the model runs on
 
     @property
     def max_model_len(self) -> int | None: ...
@@ -285,13 +286,18 @@ class StreamBatcher:
         self.stats.batches += 1
         self.stats.max_batch_rows = max(self.stats.max_batch_rows, len(rows))
         hook = None
-        try:
+
+        def run_model() -> None:  # on the engine's compute thread (fleetllm.engines.threads.ComputeThread)
+            nonlocal hook
             with engine.generate_lock, torch.inference_mode():
                 if want_logprobs:  # raw logprobs, as vLLM and OpenAI give: before penalties, temperature, top-k
                     hook = engine.model.register_forward_hook(record_logprobs, with_kwargs=True)
                 if sampling.get("seed") is not None:
                     torch.manual_seed(int(sampling["seed"]))
                 engine.model.generate(**batch, **gen_kwargs)
+
+        try:
+            engine.compute.run(run_model)
         except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving the others
             for req in members:
                 req.push(RequestFailed(f"generation failed: {type(exc).__name__}: {exc}"))

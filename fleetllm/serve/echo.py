@@ -39,8 +39,13 @@ def echo_item(engine: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def _prompt_logprobs(engine: Any, ids: list[int], top: int) -> list[dict[str, Any] | None]:
     """Each prompt token's logprob given the tokens before it, with the `top` likeliest there."""
     torch = engine.torch
-    with torch.no_grad():
-        logits = engine.model(torch.tensor([ids], device=engine.model.device)).logits[0].float()
+
+    def forward() -> Any:
+        with torch.no_grad():
+            return engine.model(torch.tensor([ids], device=engine.model.device)).logits[0].float()
+
+    compute = getattr(engine, "compute", None)  # the engine's one torch thread (fleetllm.engines.threads)
+    logits = compute.run(forward) if compute is not None else forward()
     logp = torch.log_softmax(logits, dim=-1)
     decode = engine.tokenizer.decode
     out: list[dict[str, Any] | None] = [{"token": decode([ids[0]]), "logprob": None, "top_logprobs": None}]

@@ -300,6 +300,52 @@ def test_eta_before_any_row_is_done_reads_the_running_sequences():
     assert no_rates == pytest.approx((640 * 50 - 64 * 25) / 100)
 
 
+
+def test_eta_reads_running_sequences_as_censored_lengths_not_the_short_rows_done():
+    """A continuous-batching engine holding a job whole finishes its short rows first: the rows done say the
+    outputs are short while the long ones still run (b1024: 57 short rows done of 1,024, the ETA 4.3 s for
+    12.7 s left). A running sequence with t tokens ends with E[L | L > t] over the prior lengths."""
+    from fleetllm.estimate.estimate import expected_final, running_credit
+
+    rates = fit(probe_calls(CONTINUOUS))
+    prior = (20,) * 9 + (500,)  # 90% short, 10% long: mean 68
+    sh = shape(rows=1000, prompt_tokens=1000 * 100, lengths=prior)
+    lay = Layout(1, 0, 2, 16, 1000, CONTINUOUS)  # the engine holds every row
+
+    def work(rows: int, out: int, drains: bool = True) -> float:
+        return predict_work(rates, Work(rows, 100, 0.0, (out,), 1, CONTINUOUS, 16, 1000, drains))
+
+    # the 900 short rows are done, the 100 long ones run with t of their 500 tokens each: 500 - t tokens left each,
+    # prefilled, over a context of 100 + t
+    for t in (450, 100):  # the ETA before the censoring: 1.5 s and 7.9 s
+        elapsed = work(900, 20, False) + work(100, t, False)
+        truth = predict_work(rates, Work(100, 100 + t, 1.0, (500 - t,), 1, CONTINUOUS, 16, 1000))
+        on_model = Eta(sh, lay, rates).seconds_left(900, 900 * 20, elapsed, running=(t,) * 100)
+        assert on_model == pytest.approx(truth, rel=0.05)
+
+    def collapsed(t: int) -> float:  # the old ETA (no rates): the rows done's mean (20) as the length of those left
+        frac = 900 / 1000
+        mean = 68 + frac / (frac + 0.02) * (20 - 68)
+        credit = running_credit((t,) * 100, tuple(max(0, round(x * mean / 68)) for x in prior))
+        return max(0.0, 100 * mean - 100 * credit) / ((900 * 20 + 100 * t) / 10.0)
+
+    no_rates = Eta(sh, lay, None)
+    rate = (900 * 20 + 100 * 450) / 10.0
+    assert no_rates.seconds_left(900, 900 * 20, 10.0, running=(450,) * 100) == pytest.approx(100 * 50 / rate)
+    assert collapsed(450) < 0.01 * 100 * 50 / rate  # the old one: nothing left
+    # at 100 tokens (400 left each) the long ones count at least the prior mean each, not the short rows' 20
+    at_100 = no_rates.seconds_left(900, 900 * 20, 10.0, running=(100,) * 100)
+    assert at_100 >= 0.99 * 100 * 68 / ((900 * 20 + 100 * 100) / 10.0) and at_100 > 3 * collapsed(100)
+    assert expected_final(100, prior) == 500 and expected_final(600, prior) == 600  # none longer: t itself
+    assert expected_final(0, prior) == pytest.approx(68)
+    # no running sequences: as before the censoring (values computed before it)
+    sh2, lay2 = shape(rows=2000, prompt_tokens=2000 * 100, lengths=prior), Layout(1, 0, 2, 16, 1024, CONTINUOUS)
+    assert Eta(sh2, lay2, rates).seconds_left(900, 900 * 20, 30.0) == pytest.approx(48.566687496511534, rel=1e-9)
+    assert Eta(sh2, lay2, rates).seconds_left(300, 300 * 40, 30.0) == pytest.approx(223.3722842316395, rel=1e-9)
+    assert Eta(sh2, lay2, None).seconds_left(900, 900 * 20, 30.0) == pytest.approx(40.4113475177305, rel=1e-9)
+    assert Eta(sh2, lay2, None).seconds_left(300, 300 * 40, 30.0) == pytest.approx(184.0, rel=1e-9)
+
+
 def test_the_run_eta_starts_at_engine_ready_and_logs_ticks_sparsely():
     """Between commits the in-process run asks for the ETA every second (local_run's tick): run.json keeps
     every ETA made at a commit, and of the ticks one per 1/200 of the time run so far (at least 1 s)."""
@@ -331,7 +377,7 @@ def test_running_credit_is_the_work_a_running_sequence_saves():
     assert running_credit((), (16,)) == 0
     assert running_credit((4, 8), (16,)) == pytest.approx(6)  # only max_tokens known: its tokens so far
     # lengths 2 or 30 (mean 16): a sequence past 2 tokens is a long one, 30 - t left: no credit on average
-    assert running_credit((5,), (2, 30)) == 0
+    assert running_credit((5,), (2, 30)) == pytest.approx(16 - 25)  # past the short ones: 25 left, a new row 16
     assert running_credit((1,), (2, 30)) == pytest.approx(16 - ((2 - 1) + (30 - 1)) / 2)
 
 

@@ -56,3 +56,14 @@ class ComputeThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def load_on_compute_thread(load: Any) -> ComputeThread:
+    """A new compute thread with `load()` (the engine's model load) run on it; closed again if the load fails."""
+    compute = ComputeThread("fleetllm-torch")
+    try:
+        compute.run(load)
+    except BaseException:
+        compute.close()
+        raise
+    return compute

@@ -43,14 +43,9 @@ class TransformersEngine(Engine):
     _timings: "collections.deque | None" = None  # the static batches' clocks not yet taken, once started
 
     def start(self) -> None:
-        from fleetllm.engines.threads import ComputeThread
+        from fleetllm.engines.threads import load_on_compute_thread
 
-        self.compute = ComputeThread("fleetllm-torch")  # every torch call of this engine on one thread
-        try:
-            self.compute.run(self._load)
-        except BaseException:
-            self.compute.close()
-            raise
+        self.compute = load_on_compute_thread(self._load)  # every torch call on one thread (ComputeThread says why)
 
     def _load(self) -> None:
         import torch

@@ -8,7 +8,10 @@ it (the estimate itself then assumes max_tokens: the upper end).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -151,7 +154,7 @@ class Eta:
         done_mean = output_tokens_done / (rows_done * n) if rows_done else self.prior_mean  # the rows done's own
         rows_seen, seen_mean = rows_done, done_mean
         if running:  # the rows done are the short ones: each running sequence is censored at its tokens so far
-            ends = sum(expected_final(t, self.prior) for t in running)
+            ends = sum(expected_finals(running, self.prior))
             rows_seen = rows_done + len(running) / n
             seen_mean = (output_tokens_done + ends) / (rows_done * n + len(running))
         frac_rows = rows_seen / max(1, rows_total)
@@ -183,7 +186,7 @@ class Eta:
         if not running:
             return work
         fresh = max(0, left * self.shape.n - len(running))  # sequences not started
-        rest = sorted(max(1, round(expected_final(t, lengths) - t)) for t in running)
+        rest = sorted(max(1, round(end - t)) for t, end in zip(running, expected_finals(running, lengths)))
         n_fresh = round(SAMPLE * fresh / (fresh + len(rest)))
         sample = resample(sorted(lengths), n_fresh) + resample(rest, SAMPLE - n_fresh)
         seqs = fresh + len(rest)
@@ -209,7 +212,7 @@ def running_credit(running: tuple[int, ...], lengths: tuple[int, ...]) -> float:
     if not running or not lengths:
         return 0.0
     mean = sum(lengths) / len(lengths)
-    return sum(mean - (expected_final(t, lengths) - t) for t in running) / len(running)
+    return sum(mean - (end - t) for t, end in zip(running, expected_finals(running, lengths))) / len(running)
 
 
 SAMPLE = 2048  # output lengths standing for the rows left (sequences not started and running ones, in proportion)
@@ -220,11 +223,21 @@ def resample(xs: list[int], k: int) -> tuple[int, ...]:
     return tuple(xs[i * len(xs) // k] for i in range(k)) if xs and k > 0 else ()
 
 
-def expected_final(t: int, lengths: tuple[int, ...]) -> float:
-    """The output length a sequence with `t` tokens so far ends with: E[L | L > t] over the output lengths L
-    expected, or t itself when none is longer (it is at least that long)."""
-    longer = [x for x in lengths if x > t]
-    return sum(longer) / len(longer) if longer else float(t)
+def expected_finals(running: Sequence[int], lengths: Sequence[int]) -> list[float]:
+    """The output length each sequence with `t` tokens so far ends with: E[L | L > t] over the output lengths L
+    expected, or t itself when none is longer (it is at least that long). Sorted lengths and their suffix sums:
+    a tick reads up to a few thousand running sequences against up to MAX_LENGTHS lengths."""
+    xs = sorted(lengths)
+    tail = list(itertools.accumulate(reversed(xs)))[::-1] + [0]  # tail[i] = sum(xs[i:])
+    out = []
+    for t in running:
+        i = bisect.bisect_right(xs, t)
+        out.append(tail[i] / (len(xs) - i) if i < len(xs) else float(t))
+    return out
+
+
+def expected_final(t: int, lengths: Sequence[int]) -> float:
+    return expected_finals((t,), lengths)[0]
 
 
 def concurrency_for(batching: str, rows_per_call: int, in_flight: int, max_num_seqs: int | None) -> int:

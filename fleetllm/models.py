@@ -143,21 +143,10 @@ def in_own_thread(fn, *args) -> None:
     """fn(*args) on a thread that ends with it: torch's CPU work there gets its own OpenMP team, gone with the
     thread, so it does not stay beside the engine's (fleetllm.engines.threads.ComputeThread says why that
     slows every step)."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    failed: list[BaseException] = []
-
-    def call() -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
-            failed.append(exc)
-
-    thread = threading.Thread(target=call, name="fleetllm-convert")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetllm-convert") as once:  # joined at exit
+        once.submit(fn, *args).result()
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:

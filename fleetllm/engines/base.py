@@ -139,13 +139,12 @@ class EngineProgress:
 @dataclass(frozen=True)
 class GenerateTiming:
     """One static batch's clock (a `generate` of `width` sequences over prompts padded to `prompt_len`
-    tokens): when it `started`, when its prefill gave the first token, and when its last of `steps` steps
-    ended. It tells the prefill's time from the decode steps' (fleetllm.estimate.observe.split_call)."""
+    tokens): when its prefill gave the first token, and when its last of `steps` steps ended. It tells the
+    prefill's time from the decode steps' (fleetllm.estimate.observe.split_call)."""
 
     width: int
     prompt_len: int
     steps: int
-    started: float
     first_token_at: float
     finished: float
 

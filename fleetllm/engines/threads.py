@@ -5,6 +5,8 @@ FLEETLLM_NUM_THREADS (fleetllm's earlier name, still read), else torch's own def
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
@@ -35,22 +37,16 @@ class ComputeThread:
     short by as much)."""
 
     def __init__(self, name: str) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._ident: int | None = None
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) on the compute thread (directly when called from it); its result or error."""
-        import threading
-
         if threading.get_ident() == self._ident:
             return fn(*args, **kwargs)
         return self._pool.submit(self._call, fn, args, kwargs).result()
 
     def _call(self, fn: Any, args: tuple, kwargs: dict) -> Any:
-        import threading
-
         self._ident = threading.get_ident()
         return fn(*args, **kwargs)
 

@@ -20,7 +20,6 @@ def step_clock() -> Any:
 
     class StepClock(StoppingCriteria):
         def __init__(self) -> None:
-            self.started = time.time()
             self.times: list[float] = []
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
@@ -30,6 +29,6 @@ def step_clock() -> Any:
         def timing(self, width: int, prompt_len: int) -> GenerateTiming | None:
             if not self.times:
                 return None
-            return GenerateTiming(width, prompt_len, len(self.times), self.started, self.times[0], self.times[-1])
+            return GenerateTiming(width, prompt_len, len(self.times), self.times[0], self.times[-1])
 
     return StepClock()

@@ -236,10 +236,6 @@ def expected_finals(running: Sequence[int], lengths: Sequence[int]) -> list[floa
     return out
 
 
-def expected_final(t: int, lengths: Sequence[int]) -> float:
-    return expected_finals((t,), lengths)[0]
-
-
 def concurrency_for(batching: str, rows_per_call: int, in_flight: int, max_num_seqs: int | None) -> int:
     """Rows a replica's engine holds at once: a static batch is one call; a continuous one all in flight."""
     if batching != CONTINUOUS:

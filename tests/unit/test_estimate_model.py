@@ -189,13 +189,13 @@ def test_a_clocked_static_call_splits_into_its_prefill_and_its_decode_steps():
     from fleetllm.estimate.observe import split_call
 
     call = Call(1, 400, 30, 120, 120 * 115, 3.0)  # 4 rows of 100 prompt tokens, 30 steps, 3 s
-    rest, steps = split_call(call, [GenerateTiming(4, 100, 30, 10.0, 10.4, 12.9)])
+    rest, steps = split_call(call, [GenerateTiming(4, 100, 30, 10.4, 12.9)])
     assert (steps.calls, steps.prefill_tokens, steps.steps, steps.seq_steps) == (0, 0, 29, 116)
     assert steps.seconds == pytest.approx(2.5) and steps.ctx_steps == pytest.approx(116 * (100 + 15))
     assert (rest.calls, rest.prefill_tokens, rest.steps, rest.seq_steps) == (1, 400, 1, 4)
     assert rest.seconds == pytest.approx(0.5)  # the prefill, its first token and the call's own costs
     assert [sum(f) for f in zip(rest.features(), steps.features())] == pytest.approx(call.features())
-    assert split_call(call, [GenerateTiming(4, 100, 1, 10.0, 10.4, 10.4)]) == [call]  # no decode step clocked
+    assert split_call(call, [GenerateTiming(4, 100, 1, 10.4, 10.4)]) == [call]  # no decode step clocked
     assert split_call(call, []) == [call]
 
 
@@ -305,7 +305,7 @@ def test_eta_reads_running_sequences_as_censored_lengths_not_the_short_rows_done
     """A continuous-batching engine holding a job whole finishes its short rows first: the rows done say the
     outputs are short while the long ones still run (b1024: 57 short rows done of 1,024, the ETA 4.3 s for
     12.7 s left). A running sequence with t tokens ends with E[L | L > t] over the prior lengths."""
-    from fleetllm.estimate.estimate import expected_final, running_credit
+    from fleetllm.estimate.estimate import expected_finals, running_credit
 
     rates = fit(probe_calls(CONTINUOUS))
     prior = (20,) * 9 + (500,)  # 90% short, 10% long: mean 68
@@ -336,8 +336,8 @@ def test_eta_reads_running_sequences_as_censored_lengths_not_the_short_rows_done
     # at 100 tokens (400 left each) the long ones count at least the prior mean each, not the short rows' 20
     at_100 = no_rates.seconds_left(900, 900 * 20, 10.0, running=(100,) * 100)
     assert at_100 >= 0.99 * 100 * 68 / ((900 * 20 + 100 * 100) / 10.0) and at_100 > 3 * collapsed(100)
-    assert expected_final(100, prior) == 500 and expected_final(600, prior) == 600  # none longer: t itself
-    assert expected_final(0, prior) == pytest.approx(68)
+    assert expected_finals((100, 600), prior) == [500, 600]  # none longer than 600: t itself
+    assert expected_finals((0,), prior) == [pytest.approx(68)]
     # no running sequences: as before the censoring (values computed before it)
     sh2, lay2 = shape(rows=2000, prompt_tokens=2000 * 100, lengths=prior), Layout(1, 0, 2, 16, 1024, CONTINUOUS)
     assert Eta(sh2, lay2, rates).seconds_left(900, 900 * 20, 30.0) == pytest.approx(48.566687496511534, rel=1e-9)

@@ -178,18 +178,17 @@ class Eta:
         return left_pred * (1 + w * (speed - 1))
 
     def _left_work(self, left: int, lengths: tuple[int, ...], running: tuple[int, ...]) -> Work:
-        """The rows left, per replica, as one batch: the sequences not started with the lengths expected, each
-        running one with what it has left (E[L - t | L > t]: in a long-tailed job the running ones past the
-        short lengths have more left than a row not started, and the longest of them make the end's tail,
-        over the context they have), and only the rows not started still to prefill."""
+        """The rows left, per replica, as one batch: the sequences not started with the lengths expected, the
+        running ones with what they have left drawn from their own tails (remaining_sample: in a long-tailed job
+        the running ones past the short lengths have more left than a row not started, and the longest of them
+        make the end's tail), over the context they have, and only the rows not started still to prefill."""
         work = replica_work(self.shape, self.layout, lengths, left)
         if not running:
             return work
         fresh = max(0, left * self.shape.n - len(running))  # sequences not started
-        rest = sorted(max(1, round(end - t)) for t, end in zip(running, expected_finals(running, lengths)))
-        n_fresh = round(SAMPLE * fresh / (fresh + len(rest)))
-        sample = resample(sorted(lengths), n_fresh) + resample(rest, SAMPLE - n_fresh)
-        seqs = fresh + len(rest)
+        n_fresh = round(SAMPLE * fresh / (fresh + len(running)))
+        sample = resample(sorted(lengths), n_fresh) + remaining_sample(running, lengths, SAMPLE - n_fresh)
+        seqs = fresh + len(running)
         context = work.prompt_tokens + sum(running) / seqs  # a running sequence attends over its tokens so far too
         to_prefill = (1.0 - work.cached_fraction) * work.prompt_tokens * fresh / (seqs * context) if context else 0.0
         return replace(work, prompt_tokens=context, output_lengths=sample, cached_fraction=1.0 - to_prefill)
@@ -221,6 +220,28 @@ SAMPLE = 2048  # output lengths standing for the rows left (sequences not starte
 def resample(xs: list[int], k: int) -> tuple[int, ...]:
     """`k` values evenly spread over the sorted `xs` (the same distribution, k entries)."""
     return tuple(xs[i * len(xs) // k] for i in range(k)) if xs and k > 0 else ()
+
+
+GOLDEN = (math.sqrt(5) - 1) / 2  # spreads the quantiles drawn for the running sequences (a low-discrepancy sequence)
+
+
+def remaining_sample(running: Sequence[int], lengths: Sequence[int], k: int) -> tuple[int, ...]:
+    """`k` output lengths still to come, drawn from the running sequences' own distributions: a sequence with `t`
+    tokens so far has L - t left with L drawn from the lengths longer than t (1 when none is longer). Each
+    sequence's mean alone (E[L - t | L > t]) would lose the spread: 1,017 running sequences of a long-tailed job
+    all read as ~200 tokens from their end, when the longest of them still have ~900 (the job's tail, which
+    planned_calls reads from the sample's largest values)."""
+    if not running or k <= 0:
+        return ()
+    xs = sorted(lengths)
+    ts = sorted(running)
+    out = []
+    for j in range(k):
+        t = ts[j * len(ts) // k]
+        i = bisect.bisect_right(xs, t)
+        q = (j * GOLDEN) % 1.0
+        out.append(max(1, xs[i + int(q * (len(xs) - i))] - t) if i < len(xs) else 1)
+    return tuple(sorted(out))
 
 
 def expected_finals(running: Sequence[int], lengths: Sequence[int]) -> list[float]:

@@ -113,10 +113,24 @@ def fleetllm(args: list[str], home: Path, lock: bool, timeout: float) -> tuple[i
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
     LAST_START_LINES[:] = start_lines(p.stdout + "\n" + p.stderr)  # vLLM logs to stdout
+    LAST_OUTPUT[:] = [p.stdout, p.stderr]
     return p.returncode, p.stdout, time.time() - t0
 
 
 LAST_START_LINES: list[str] = []  # the last command's START_LINES (kept with each probe and run)
+LAST_OUTPUT: list[str] = []  # the last command's stdout and stderr
+
+
+def keep_logs(logs: Path | None, name: str, texts: list[str]) -> None:
+    """A command's whole output (a probe's, or a run's log file) under --logs: the start-ups side by side."""
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}.log").write_text("\n".join(texts))
+
+
+def run_log(out: Path) -> str:
+    """The run's own log (vLLM's lines go there, not to the terminal: fleetllm.batch.reports.run_logs)."""
+    return "\n".join(f.read_text(errors="replace") for f in sorted((out / "_fleetllm" / "logs").glob("run-*.log")))
 
 
 def new_home(path: Path, models_from: Path | None) -> Path:
@@ -142,6 +156,9 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
         rc, out, secs = fleetllm(["calibrate", str(specs[name]), "--rows", str(a.probe_rows), "--json"], home,
                                  a.lock, a.timeout)
         probes[name] = {"rc": rc, "wall_s": round(secs, 1), "vllm_start": list(LAST_START_LINES)}
+        keep_logs(a.logs, f"probe-{engine}-{name}", LAST_OUTPUT)
+        for f in (home / "profiles").glob("*.json"):
+            keep_logs(a.logs, f"profile-{engine}-{name}-{f.stem}", [f.read_text()])
         with contextlib.suppress(ValueError, KeyError, IndexError):
             probes[name]["startup_s"] = json.loads(out.strip().splitlines()[-1])["startup_s"]
         print(f"[{engine}] probe {name}: rc={rc} {secs:.0f}s (engine start {probes[name].get('startup_s')} s)",
@@ -157,8 +174,11 @@ def measure_engine(engine: str, jobs: dict[str, dict], work: Path, a: argparse.N
         rc, _, secs = fleetllm(["run", str(specs[name]), "--overwrite"], home, a.lock, a.timeout)
         print(f"[{engine}] run {name}: rc={rc} {secs:.0f}s", file=sys.stderr, flush=True)
         report = read_report(work / f"out-{engine}-{name}") if rc == 0 else None
+        log = run_log(work / f"out-{engine}-{name}")
+        keep_logs(a.logs, f"run-{engine}-{name}", [log, *LAST_OUTPUT])
         results.append({**compare(engine, name, other, est, report), "probe": probes[other],
-                        "run_vllm_start": list(LAST_START_LINES), "run_timeline_s": (report or {}).get("timeline_s")})
+                        "run_vllm_start": start_lines(log) or list(LAST_START_LINES),
+                        "run_timeline_s": (report or {}).get("timeline_s")})
     return results
 
 
@@ -233,6 +253,8 @@ def main() -> None:
     p.add_argument("--no-lock", action="store_true",
                    help="cpu: the caller holds the heavy lock for the whole run (flock LOCK python ... --no-lock)")
     p.add_argument("--out", default=None)
+    p.add_argument("--logs", type=Path, default=None,
+                   help="keep each probe's output, each run's log and each probe's profile here")
     a = p.parse_args()
     if a.mode == "report":
         results = [r for f in a.files for r in json.loads(Path(f).read_text())["results"]]

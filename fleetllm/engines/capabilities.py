@@ -53,13 +53,17 @@ class EngineCapabilities:
     exposes_torch_model: bool = False
     # Sequences the engine schedules at once when engine_kwargs.max_num_seqs is not given (None: no such cap).
     default_max_num_seqs: int | None = None
+    # engine_kwargs under which the engine clocks its `generate` calls (Engine.take_generate_timings), given to the
+    # calibration probe's engine only: vLLM keeps each request's first and last token times with its statistics on.
+    # () where the engine clocks them anyway (transformers) or not at all.
+    clock_engine_kwargs: tuple[tuple[str, object], ...] = ()
 
 
 ENGINE_CAPABILITIES: dict[str, EngineCapabilities] = {c.name: c for c in (
     EngineCapabilities("transformers", cpu_unless_gpu_reserved=True, exposes_torch_model=True),
     EngineCapabilities("vllm", continuous_batching=True, shards_over_gpus=True, forks_engine_core=True,
                        prefix_caching=True, priority_scheduling=True, reports_engine_metrics=True,
-                       default_max_num_seqs=FALLBACK_MAX_NUM_SEQS),
+                       default_max_num_seqs=FALLBACK_MAX_NUM_SEQS, clock_engine_kwargs=(("disable_log_stats", False),)),
     EngineCapabilities("openai", is_endpoint=True, continuous_batching=True),
 )}
 

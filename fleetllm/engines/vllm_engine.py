@@ -17,6 +17,7 @@ engines see identical prompts.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import itertools
@@ -31,12 +32,14 @@ from fleetllm.engines.base import (
     Completion,
     Engine,
     EngineProgress,
+    GenerateTiming,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
 )
 from fleetllm.engines.chat import max_chars_per_token, prompt_chars
 from fleetllm.engines.loop_thread import LoopThread
+from fleetllm.engines.vllm_clock import call_timing, request_mark
 from fleetllm.engines.vllm_outputs import (
     completion_from_output,
     logprob_entries,
@@ -86,6 +89,9 @@ class VLLMEngine(VLLMRequests, Engine):
         self._id_prefix = uuid.uuid4().hex[:8]
         self._id_counter = itertools.count()
         self._finished = [0, 0]  # requests of generate/agenerate finished, their output tokens (progress())
+        # clocks of `generate` calls whose requests all ran the same number of steps, kept while vLLM keeps its
+        # statistics (disable_log_stats False: the calibration probe's engine, a server's): vllm_clock.call_timing
+        self._timings: collections.deque = collections.deque(maxlen=256)
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -259,14 +265,14 @@ class VLLMEngine(VLLMRequests, Engine):
         return None if running is None else EngineProgress(self._finished[0], self._finished[1], running)
 
     async def _generate_one(self, prompt: dict[str, Any], params: Any, request_id: str,
-                            lora: Any = None) -> GenerationResult:
-        result = await self._generate_final(prompt, params, request_id, lora)
+                            lora: Any = None, marks: list | None = None) -> GenerationResult:
+        result = await self._generate_final(prompt, params, request_id, lora, marks)
         self._finished[0] += 1  # on the engine's loop only
         self._finished[1] += result.num_generated_tokens
         return result
 
     async def _generate_final(self, prompt: dict[str, Any], params: Any, request_id: str,
-                              lora: Any = None) -> GenerationResult:
+                              lora: Any = None, marks: list | None = None) -> GenerationResult:
         final = None
         ids = prompt.get("prompt_token_ids") or []  # with images: vLLM's expanded prompt, below
         try:
@@ -280,6 +286,8 @@ class VLLMEngine(VLLMRequests, Engine):
         if final is None:
             return GenerationResult.failed("vLLM returned no output", num_input_tokens=len(ids))
         ids = final.prompt_token_ids or ids
+        if marks is not None and getattr(final, "metrics", None) is not None:
+            marks.append(request_mark(final.metrics, len(ids)))
         completions: list[Completion] = []
         for out in sorted(final.outputs, key=lambda c: c.index):
             completion = completion_from_output(out, params.logprobs)
@@ -313,7 +321,7 @@ class VLLMEngine(VLLMRequests, Engine):
             raise self._failure(exc) from exc
         return prompt_logprob_entries(ids, out.prompt_logprobs, top, self.tokenizer.decode)
 
-    def _start(self, requests: list[GenerationRequest]) -> list[Any]:
+    def _start(self, requests: list[GenerationRequest], marks: list | None = None) -> list[Any]:
         """Hand each request to vLLM as soon as its prompt is ready (so the engine starts on the first
         rows of a large batch, a whole shard, while the rest are prepared): a Future per request, or
         the row's failed result when it cannot be served (prompt too long, bad sampling option)."""
@@ -326,12 +334,23 @@ class VLLMEngine(VLLMRequests, Engine):
             except RowError as exc:
                 started.append(GenerationResult.failed(str(exc)))
                 continue
-            started.append(self._submit(self._generate_one(prompt, params, self._request_id(req), lora)))
+            started.append(self._submit(self._generate_one(prompt, params, self._request_id(req), lora, marks)))
         return started
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Serve a batch; thread-safe: batches from several threads share vLLM's running batch."""
-        return [s if isinstance(s, GenerationResult) else s.result() for s in self._start(requests)]
+        marks: list = []
+        results = [s if isinstance(s, GenerationResult) else s.result() for s in self._start(requests, marks)]
+        timing = call_timing(marks, results)
+        if timing is not None:
+            self._timings.append(timing)
+        return results
+
+    def take_generate_timings(self) -> list[GenerateTiming]:
+        taken = []
+        while self._timings:
+            taken.append(self._timings.popleft())
+        return taken
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`generate` for callers on an event loop (does not block it); cancelling the caller aborts every

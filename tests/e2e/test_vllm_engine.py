@@ -24,7 +24,9 @@ def chat(text: str, **sampling) -> GenerationRequest:
 
 @pytest.fixture(scope="module")
 def engine(embedded_model):
-    eng = create_engine("vllm", embedded_model, engine_kwargs={"max_model_len": MAX_MODEL_LEN})
+    # statistics on, as the calibration probe's engine runs (capabilities' clock_engine_kwargs): calls are clocked
+    kwargs = {"max_model_len": MAX_MODEL_LEN, "disable_log_stats": False}
+    eng = create_engine("vllm", embedded_model, engine_kwargs=kwargs)
     eng.start()
     yield eng
     eng.stop()
@@ -36,6 +38,23 @@ def test_engine_kwargs_reach_vllm(engine):
     assert engine.max_model_len == MAX_MODEL_LEN
     assert engine._llm.model_config.max_model_len == MAX_MODEL_LEN
     assert engine.version == vllm.__version__
+
+
+def test_a_call_of_one_length_is_clocked_from_vllms_own_statistics(engine):
+    """The probe's calls of forced lengths read as a static batch: the prefill until the last request's first token,
+    then its decode steps (fleetllm.estimate.observe.split_call)."""
+    import time
+
+    engine.take_generate_timings()
+    started = time.monotonic()
+    results = engine.generate([chat(f"Count to {i}.", max_tokens=6, min_tokens=6, ignore_eos=True) for i in range(4)])
+    wall = time.monotonic() - started
+    assert [r.num_generated_tokens for r in results] == [6] * 4
+    [timing] = engine.take_generate_timings()
+    assert (timing.width, timing.steps) == (4, 6) and timing.prompt_len > 5
+    assert 0 < timing.finished - timing.first_token_at < wall
+    engine.generate([chat("Say hi.", max_tokens=2, min_tokens=2), chat("Say hi.", max_tokens=5, min_tokens=5)])
+    assert engine.take_generate_timings() == []  # two lengths: they left the batch at different steps
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_garbage_collector(engine):

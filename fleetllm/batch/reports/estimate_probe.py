@@ -167,6 +167,8 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
         raise PlanError(f"the job's input {spec.input.path!r} has no rows to probe")
     kind = batching(plan.engine)
     sizes = call_sizes(len(picked), max(1, layout(plan).concurrency))
+    for name, value in can.clock_engine_kwargs:  # the probe's engine clocks its calls (the profile key stays the run's)
+        plan.engine_kwargs.setdefault(name, value)
     pool = engine_pool(plan)
     if can.forks_engine_core:  # as a local run: a plain process may fork vLLM's engine core
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")

@@ -236,16 +236,27 @@ def test_the_compile_cache_tells_a_cold_start_from_a_warm_one(tmp_path, monkeypa
     from fleetllm.engines import vllm_compile_cache as cc
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     root = cc.cache_root()
     assert root == tmp_path / "torch_compile_cache" and cc.snapshot() == {}
+    assert cc.kernel_cache_roots() == [tmp_path / "triton", tmp_path / "inductor"]
     before = cc.snapshot()
-    (root / "abc" / "rank_0_0").mkdir(parents=True)
+
+    def write(folder, name: str, t: float) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+        os.utime(folder / name, (t, t))
+
     for name, t in (("graph.py", 1000.0), ("model", 1030.0)):
-        path = root / "abc" / "rank_0_0" / name
-        path.write_text("x")
-        os.utime(path, (t, t))
+        write(root / "abc" / "rank_0_0", name, t)
     assert cc.compile_seconds(before) == 30.0  # the span of the start's writes
     assert cc.compile_seconds(cc.snapshot()) == 0.0  # a start that wrote nothing: warm
+    # Inductor's kernels while vLLM compiles (within its span), Triton's JIT after the graphs' capture (1030-1035)
+    write(tmp_path / "inductor" / "k", "a.py", 1010.0)
+    write(tmp_path / "triton" / "h1", "k.cubin", 1035.0)
+    write(tmp_path / "triton" / "h2", "k.cubin", 1052.0)
+    assert cc.compile_seconds(before) == 30.0 + 17.0
 
 
 def test_dry_run_lines_say_what_is_known():

@@ -189,6 +189,24 @@ def test_calibrate_probes_growing_calls_and_stores_the_profile(home, tmp_path, t
     assert out["estimate"]["wall_s"] is not None and not (tmp_path / "out").exists()
 
 
+def test_calibrate_times_the_run_batch_over_a_short_and_a_long_context(home, tmp_path, tiny_model, capsys):
+    """Where the run holds more rows than the probe's own calls reach, the probe runs the run's batch twice: short
+    prompts, then the same behind one long shared prefix (estimate_probe.LONG_CONTEXT_CHARS, at most half the
+    context): the fit sees what context costs a decode step at the run's batch."""
+    import yaml
+
+    path, job = write_job(tmp_path, tiny_model, rows=10, batch_size=16)
+    job["output"]["shard_rows"] = 16
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    capsys.readouterr()
+    assert main(["calibrate", path, "--rows", "7", "--json"]) == 0
+    steps = [c for c in json.loads(capsys.readouterr().out)["calls"] if c["calls"] == 0]  # the decode steps
+    short, long = steps[-2:]
+    assert short["seq_steps"] == long["seq_steps"] == 16 * 31  # 16 rows x 32 tokens: the first came with the prefill
+    context = [c["ctx_steps"] / c["seq_steps"] - 32 / 2 for c in (short, long)]  # each call's prompt tokens
+    assert context[1] > 2 * context[0]
+
+
 def test_the_in_process_run_shows_the_engine_to_the_eta_once_ready_and_ticks_between_commits(tmp_path, tiny_model):
     """local_run.run_shards: `on_engine(engine, ready_at)` once the engine is up, before the first commit (a job
     the engine holds whole commits only at its end), and `on_tick()` while shards compute."""

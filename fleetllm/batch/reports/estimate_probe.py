@@ -81,17 +81,22 @@ SHAPE_CALLS = ((0.0, 0, 48), (1.0, 0, 48), (1.0, 2000, 4), (0.5, 1000, 24))
 # decode step is compute-bound there, memory-bound at the probe's smaller calls), of short prompts and
 # FULL_BATCH_TOKENS out each, so the fit sees the step time at the run's batch and does not extrapolate to it.
 FULL_BATCH_CHARS, FULL_BATCH_TOKENS, FULL_BATCH_MAX = 400, 32, 4096
+# And the same batch over a long context: one shared prefix of LONG_CONTEXT_CHARS (at most half the model's context)
+# before each row's short prompt. The prefix cache computes it once, but every decode step attends over it for every
+# sequence: the step's cost of context at the run's batch (lease 14: a probe without it fitted none, and a1024's decode
+# at 1,024 x ~384 tokens ran 39 ms a step where the fit said 28)
+LONG_CONTEXT_CHARS = 4000
 
 
-def shaped(row: dict, min_chars: int, out: int, plan, max_chars: int | None = None) -> dict:
-    """The row with its prompt repeated to at least `min_chars` characters (or cut to `max_chars`) and
-    exactly `out` tokens out."""
+def shaped(row: dict, min_chars: int, out: int, plan, max_chars: int | None = None, prefix: str = "") -> dict:
+    """The row with its prompt repeated to at least `min_chars` characters (or cut to `max_chars`), after
+    `prefix`, and exactly `out` tokens out."""
     row = dict(row)
     row["sampling_params"] = json.dumps({**sampling_of(row, plan), "max_tokens": out, "min_tokens": out})
 
     def fit(text: str) -> str:
         text = "\n".join([text] * max(1, -(-min_chars // max(1, len(text)))))
-        return text[:max_chars] if max_chars else text
+        return prefix + (text[:max_chars] if max_chars else text)
 
     if row.get("_messages"):
         messages = json.loads(row["_messages"])
@@ -125,14 +130,25 @@ def probe_calls(stage, plan, picked: list[dict], sizes: list[int], kind: str) ->
         if cap is None:  # the job's own lengths
             lengths += output_lengths(out)
     cap_rows = max(sizes)
-    shapes = [(max(1, round(share * cap_rows)), chars, tokens, None) for share, chars, tokens in SHAPE_CALLS]
+    shapes = [(max(1, round(share * cap_rows)), chars, tokens, None, "") for share, chars, tokens in SHAPE_CALLS]
     held = layout(plan, default_seqs=stage.engine.default_max_num_seqs).concurrency  # as the run will hold
     if min(held, FULL_BATCH_MAX) > cap_rows:
-        shapes.append((min(held, FULL_BATCH_MAX), 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS))
-    for n, chars, tokens, most in shapes:
-        rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan, most) for i in range(n)]
+        full = min(held, FULL_BATCH_MAX)
+        shapes += [(full, 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS, ""),
+                   (full, 0, FULL_BATCH_TOKENS, FULL_BATCH_CHARS, long_prefix(picked, stage.engine.max_model_len))]
+    for n, chars, tokens, most, prefix in shapes:
+        rows_of_shape = [shaped(picked[i % len(picked)], chars, tokens, plan, most, prefix) for i in range(n)]
         calls += clocked(stage, call_table(plan, rows_of_shape, None), kind)[1]
     return calls, lengths
+
+
+def long_prefix(picked: list[dict], max_model_len: int | None) -> str:
+    """LONG_CONTEXT_CHARS of the probe's own rows' text (at most half the model's context: a token is a character
+    at least), a shared prefix for the long-context call."""
+    texts = [str(r.get("prompt") or r.get("_messages") or "") for r in picked] or ["x"]
+    size = min(LONG_CONTEXT_CHARS, (max_model_len or 2 * LONG_CONTEXT_CHARS) // 2)
+    text = "\n".join(texts)
+    return ("\n".join([text] * max(1, -(-size // max(1, len(text))))))[:size] + "\n"
 
 
 def clocked(stage, table, kind: str) -> tuple[list[dict], list]:

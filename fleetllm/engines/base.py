@@ -248,6 +248,12 @@ class Engine(abc.ABC):
         return None
 
     @property
+    def prefix_block_tokens(self) -> int | None:
+        """Tokens of one prefix-cache block (only whole blocks are reused: vLLM's 16 on a GPU, 128 on its CPU
+        backend); None: no prefix cache, or not known. Throughput profiles keep it (estimates of cached tokens)."""
+        return None
+
+    @property
     def reads_images(self) -> bool:
         """Whether the model takes images (image_url parts; its config has a vision tower); False: such parts
         are refused as text-only."""

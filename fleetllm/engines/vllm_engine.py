@@ -232,6 +232,13 @@ class VLLMEngine(VLLMRequests, Engine):
         return getattr(self, "_default_max_num_seqs", None)
 
     @property
+    def prefix_block_tokens(self) -> int | None:
+        try:
+            return int(self._llm.vllm_config.cache_config.block_size)
+        except (AttributeError, TypeError, ValueError):  # not started, or a vLLM that keeps it elsewhere
+            return None
+
+    @property
     def start_compile_s(self) -> float | None:
         return getattr(self, "_start_compile_s", None)
 

@@ -70,6 +70,7 @@ class Profile:
     # startup_s holds the others (warm, eager, or not known)
     startup_cold_s: list[float] = field(default_factory=list)
     compile_s: list[float] = field(default_factory=list)
+    prefix_block: int | None = None  # the engine's prefix-cache block on this accelerator (cached tokens: whole blocks)
 
     @property
     def name(self) -> str:
@@ -110,7 +111,8 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"key": self.key, "batching": self.batching, "max_model_len": self.max_model_len,
-               "max_num_seqs": self.max_num_seqs, "startup_cold_s": self.startup_cold_s, "compile_s": self.compile_s,
+               "max_num_seqs": self.max_num_seqs, "prefix_block": self.prefix_block,
+               "startup_cold_s": self.startup_cold_s, "compile_s": self.compile_s,
                "startup_s": self.startup_s, "overhead_s": self.overhead_s, "sources": self.sources,
                "calls": [c.to_dict() for c in self.calls]}
         if self.calls:
@@ -121,7 +123,8 @@ class Profile:
     def from_dict(cls, d: dict[str, Any]) -> Profile:
         return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
                    list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"),
-                   d.get("max_num_seqs"), list(d.get("startup_cold_s", [])), list(d.get("compile_s", [])))
+                   d.get("max_num_seqs"), list(d.get("startup_cold_s", [])), list(d.get("compile_s", [])),
+                   d.get("prefix_block"))
 
 
 def _median(xs: list[float]) -> float | None:

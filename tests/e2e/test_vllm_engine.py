@@ -38,6 +38,7 @@ def test_engine_kwargs_reach_vllm(engine):
     assert engine.max_model_len == MAX_MODEL_LEN
     assert engine._llm.model_config.max_model_len == MAX_MODEL_LEN
     assert engine.version == vllm.__version__
+    assert engine.prefix_block_tokens == engine._llm.vllm_config.cache_config.block_size == 128  # the CPU backend's
 
 
 def test_a_call_of_one_length_is_clocked_from_vllms_own_statistics(engine):

@@ -126,10 +126,24 @@ def test_run_keeps_its_estimate_and_teaches_the_profile(home, tmp_path, tiny_mod
     assert after["wall_s"] is not None and "previous run" in after["output_tokens_how"]
 
 
+def test_the_prefix_block_is_the_profiled_engines_else_vllms_default_there(home, tmp_path, tiny_model):
+    from fleetllm.batch.reports.estimate_job import prefix_block
+
+    _, job = write_job(tmp_path, tiny_model)
+    plan = plan_job(JobSpec.model_validate(job), resources={"CPU": 2})
+    assert prefix_block(plan) == 128  # no profile, CPU replicas: vLLM's CPU backend default
+    profile = store.Profile(profile_key(plan), "continuous", prefix_block=32)
+    store.save_profile(profile)
+    assert prefix_block(plan) == 32
+
+
 def test_prefix_cache_and_probe_sizes():
     doc = list(range(40))
     assert cached_tokens([doc + [1, 2], doc + [3, 4], doc + [5]]) == 2 * 32  # whole 16-token blocks, repeats only
     assert cached_tokens([doc, doc]) == 32  # never the whole prompt (its last block is computed again)
+    system = list(range(100))  # vLLM's CPU backend keeps 128-token blocks: a 100-token shared prefix is never reused
+    assert cached_tokens([system + [i] * 60 for i in range(3)], block=128) == 0
+    assert cached_tokens([system + [i] * 60 for i in range(3)]) == 2 * 96
     assert call_sizes(12, 4) == [1, 2, 4, 4, 1]
     assert call_sizes(3, 16) == [1, 2]
 

@@ -367,12 +367,12 @@ def test_the_run_eta_starts_at_engine_ready_and_logs_ticks_sparsely():
     from fleetllm.engines.base import EngineProgress
 
     run = RunEstimate.__new__(RunEstimate)
-    run.ready, run.log, run.engine_progress, run.default_seqs = None, [], None, None
+    run.ready, run.log, run.engine_progress, run.default_seqs, run.prefix_block = None, [], None, None, None
     run.t0 = time.time() - 10.0
     run.eta_model = SimpleNamespace(seconds_left=lambda *a: 5.0)
     assert run.eta(0, 0) is None  # no engine ready: nothing to say
     run.watch(SimpleNamespace(progress=lambda: EngineProgress(0, 0, (4,)), default_max_num_seqs=None,
-                              start_compile_s=None), ready_at=run.t0 + 2.0)
+                              prefix_block_tokens=None, start_compile_s=None), ready_at=run.t0 + 2.0)
     assert run.ready == run.t0 + 2.0
     assert [run.eta(0, 0) for _ in range(3)] == [5.0] * 3 and len(run.log) == 1  # ticks within a second: one
     run.eta(4, 40)  # a commit: logged
@@ -403,15 +403,17 @@ def test_the_run_eta_reads_the_in_process_engines_progress():
     seen = []
     run = RunEstimate.__new__(RunEstimate)
     run.t0 = run.ready = 1.0
-    run.log, run.engine_progress, run.default_seqs = [], None, None
+    run.log, run.engine_progress, run.default_seqs, run.prefix_block = [], None, None, None
     run.eta_model = SimpleNamespace(seconds_left=lambda *a: seen.append(a) or 9.0)
     assert run.eta(8, 80) == 9.0 and seen[-1][:2] == (8, 80) and seen[-1][3] == ()
     progress = EngineProgress(finished=11, finished_tokens=100, running=(3, 4))
-    run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024, start_compile_s=0.0))
+    run.watch(SimpleNamespace(progress=lambda: progress, default_max_num_seqs=1024, start_compile_s=0.0,
+                              prefix_block_tokens=128))
     run.eta(9, 90)
     assert seen[-1][:2] == (11, 100) and seen[-1][3] == (3, 4)
     assert run.log[-1][1:] == [9, 9.0, 11, 100, 2, 7]  # the rows committed, and what the ETA was computed from
-    assert run.default_seqs == 1024  # the engine's own max_num_seqs, for the profile the run teaches
-    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None, start_compile_s=None))  # an engine that does not count
+    assert run.default_seqs == 1024 and run.prefix_block == 128  # the engine's own, for the profile the run teaches
+    run.watch(SimpleNamespace(progress=lambda: None, default_max_num_seqs=None, start_compile_s=None,
+                              prefix_block_tokens=None))  # an engine that does not count
     run.eta(8, 80)
     assert seen[-1][:2] == (8, 80) and seen[-1][3] == ()

@@ -43,6 +43,7 @@ class BoardEngine:
     """What RunEstimate.watch reads from an engine, summed over the replicas' reports on the board."""
 
     default_max_num_seqs = None  # the profile's stands (replicas report only their work)
+    prefix_block_tokens = None
     start_compile_s = None
 
     def __init__(self, board: Any) -> None:

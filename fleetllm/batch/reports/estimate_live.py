@@ -47,6 +47,7 @@ class RunEstimate:
         profile = store.load_profile(self.key)
         self.rates = profile.rates() if profile is not None and profile.calls else None
         self.default_seqs = profile.max_num_seqs if profile is not None else None
+        self.prefix_block = profile.prefix_block if profile is not None else None
         self.compile_s: float | None = None  # the in-process engine's start (watch); None on Ray replicas
         self.at_start: dict[str, Any] | None = None
         self.eta_model: Eta | None = None
@@ -85,6 +86,7 @@ class RunEstimate:
             self.ready = ready_at
         self.engine_progress = engine.progress
         self.default_seqs = engine.default_max_num_seqs or self.default_seqs  # kept in the profile (learn)
+        self.prefix_block = engine.prefix_block_tokens or self.prefix_block
         self.compile_s = engine.start_compile_s  # whether the run's start compiled (learn)
 
     def eta(self, rows_done: int, output_tokens_done: int) -> float | None:
@@ -148,6 +150,7 @@ class RunEstimate:
             observed = [call_from_rows(c, kind) for c in self.calls]
         profile = store.load_profile(self.key) or store.Profile(self.key, kind)
         profile.max_num_seqs = self.default_seqs or profile.max_num_seqs
+        profile.prefix_block = self.prefix_block or profile.prefix_block
         startup = (timeline["engine_ready"] - timeline["engine_start"]
                    if "engine_ready" in timeline and "engine_start" in timeline else None)
         gen_end = timeline.get("last_commit")

@@ -201,6 +201,7 @@ def calibrate(spec, rows: int = PROBE_ROWS) -> dict[str, Any]:
     profile = store.load_profile(key) or store.Profile(key, kind)
     profile.max_model_len = stage.engine.max_model_len or profile.max_model_len
     profile.max_num_seqs = stage.engine.default_max_num_seqs or profile.max_num_seqs
+    profile.prefix_block = stage.engine.prefix_block_tokens or profile.prefix_block
     profile.add(calls, {"kind": "probe", "job": spec.name, "rows": len(picked)}, startup, plan_s + stop_s,
                 stage.engine.start_compile_s)
     path = store.save_profile(profile)

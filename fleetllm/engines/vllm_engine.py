@@ -23,10 +23,9 @@ import gc
 import itertools
 import logging
 import os
-import time
 import uuid
 from concurrent.futures import Future
-from typing import Any, AsyncIterator, Coroutine
+from typing import Any, Coroutine
 
 from fleetllm.engines.base import (
     Completion,
@@ -35,30 +34,26 @@ from fleetllm.engines.base import (
     GenerateTiming,
     GenerationRequest,
     GenerationResult,
-    StreamDelta,
 )
-from fleetllm.engines.chat import max_chars_per_token, prompt_chars
+from fleetllm.engines.chat import max_chars_per_token
 from fleetllm.engines.loop_thread import LoopThread
 from fleetllm.engines.vllm_clock import call_timing, request_mark
 from fleetllm.engines.vllm_outputs import (
     completion_from_output,
-    logprob_entries,
     prompt_logprob_entries,
     running_tokens,
 )
 from fleetllm.engines.vllm_requests import VLLMRequests
+from fleetllm.engines.vllm_stream import VLLMStreaming
 from fleetllm.errors import EngineError, RequestFailed, RowError
 
 log = logging.getLogger("fleetllm.engines.vllm")
 
 # Defaults applied only when the user's engine_kwargs leave them out.
 CPU_KV_CACHE_BYTES = 1 << 30  # on CPU: 1 GiB of KV cache unless kv_cache_memory_bytes/VLLM_CPU_KVCACHE_SPACE say
-# Prompts longer than this (characters) are templated and tokenized in a worker thread when streaming,
-# not on the caller's event loop (a 5 MB prompt stalled every other request of the replica for seconds).
-OFFLOAD_CHARS = 32_768
 
 
-class VLLMEngine(VLLMRequests, Engine):
+class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
     """vLLM behind fleetllm's Engine interface.
 
     Example:
@@ -366,57 +361,3 @@ class VLLMEngine(VLLMRequests, Engine):
         waiting = [asyncio.wrap_future(s) for s in started if not isinstance(s, GenerationResult)]
         done = iter(await asyncio.gather(*waiting))
         return [s if isinstance(s, GenerationResult) else next(done) for s in started]
-
-    async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
-        """Stream one request; closing the generator (or cancelling its task) aborts it in vLLM.
-
-        Raises RowError for a request that cannot be served (prompt too long, bad sampling option).
-        """
-        if self._llm is None:
-            raise EngineError("the vLLM engine is not started; call start() first")
-        if prompt_chars(request) > OFFLOAD_CHARS or request.images:  # long prompts, images: off the event loop
-            prompt, params, lora = await asyncio.to_thread(self._prepare, request, True)
-        else:
-            prompt, params, lora = self._prepare(request, delta=True)
-        caller = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        done = object()
-        request_id = self._request_id(request)
-
-        extra = {"priority": request.priority} if request.priority else {}  # needs scheduling_policy: priority
-
-        async def pump() -> None:  # runs on the engine's loop
-            try:
-                async for out in self._llm.generate(prompt, params, request_id, lora_request=lora, **extra):
-                    caller.call_soon_threadsafe(queue.put_nowait, (out, time.monotonic()))
-                caller.call_soon_threadsafe(queue.put_nowait, done)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                caller.call_soon_threadsafe(queue.put_nowait, exc)
-
-        future = self._submit(pump())
-        counts: dict[int, int] = {}
-        try:
-            while True:
-                item = await queue.get()
-                if item is done:
-                    return
-                if isinstance(item, Exception):
-                    raise self._failure(item) from item
-                item, emitted_at = item
-                for out in item.outputs:
-                    counts[out.index] = counts.get(out.index, 0) + len(out.token_ids)
-                    finish = out.finish_reason if out.finish_reason in ("stop", "length") else None
-                    if out.finish_reason is not None and finish is None:
-                        raise RowError(f"vLLM ended the request ({out.finish_reason})")
-                    yield StreamDelta(
-                        index=out.index, text=out.text, num_generated_tokens=counts[out.index],
-                        finish_reason=finish,
-                        num_input_tokens=len(item.prompt_token_ids or prompt.get("prompt_token_ids") or []),
-                        logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
-                        num_cached_tokens=item.num_cached_tokens, emitted_at=emitted_at,
-                    )
-        finally:
-            if not future.done():
-                future.cancel()  # cancels pump() on the engine loop; vLLM's generate() then aborts the request

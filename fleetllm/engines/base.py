@@ -9,6 +9,7 @@ heavy dependencies inside `start`, so importing fleetllm stays light.
 from __future__ import annotations
 
 import abc
+import collections
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -276,11 +277,17 @@ class Engine(abc.ABC):
         commits); None when the engine does not count it (its rows are seen only once complete)."""
         return None
 
+    # the clocks of `generate` calls not taken yet (a deque the engine appends to); None: the engine keeps none
+    _timings: "collections.deque | None" = None
+
     def take_generate_timings(self) -> "list[GenerateTiming]":
-        """The clocks of the static batches run since the last call (and forgets them); [] for an engine
-        that keeps none (continuous batching: its calls overlap, fleetllm.estimate.observe reads them as
-        windows)."""
-        return []
+        """The clocks of the calls run since the last call (and forgets them): transformers' static batches, vLLM's
+        calls of one output length while its statistics are on; [] for an engine that keeps none (the others'
+        calls overlap: fleetllm.estimate.observe reads them as windows)."""
+        taken = []
+        while self._timings:
+            taken.append(self._timings.popleft())
+        return taken
 
     def streaming_stats(self) -> dict[str, Any]:
         """Counters of the streaming loop (queued, running, batches...), for /metrics; {} when none."""

@@ -16,7 +16,6 @@ from fleetllm.engines.base import (
     Completion,
     Engine,
     EngineProgress,
-    GenerateTiming,
     GenerationRequest,
     GenerationResult,
     StreamDelta,
@@ -40,7 +39,6 @@ SAMPLING_MAP = {"min_tokens": "min_new_tokens", "repetition_penalty": "repetitio
 class TransformersEngine(Engine):
     name = "transformers"
     _finished: list[int] | None = None  # requests generate() finished and their output tokens, once started
-    _timings: "collections.deque | None" = None  # the static batches' clocks not yet taken, once started
 
     def start(self) -> None:
         from fleetllm.engines.threads import load_on_compute_thread
@@ -263,12 +261,6 @@ class TransformersEngine(Engine):
         """Requests finished so far (each static batch counts once generate() has it; nothing runs between)."""
         f = self._finished
         return None if f is None else EngineProgress(f[0], f[1], ())
-
-    def take_generate_timings(self) -> list[GenerateTiming]:
-        taken = []
-        while self._timings:
-            taken.append(self._timings.popleft())
-        return taken
 
     def _chunks(self, members):
         """Split a group so that padded prompt+generation tokens stay under max_batch_tokens."""

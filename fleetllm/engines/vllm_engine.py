@@ -31,7 +31,6 @@ from fleetllm.engines.base import (
     Completion,
     Engine,
     EngineProgress,
-    GenerateTiming,
     GenerationRequest,
     GenerationResult,
 )
@@ -348,11 +347,6 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
             self._timings.append(timing)
         return results
 
-    def take_generate_timings(self) -> list[GenerateTiming]:
-        taken = []
-        while self._timings:
-            taken.append(self._timings.popleft())
-        return taken
 
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`generate` for callers on an event loop (does not block it); cancelling the caller aborts every

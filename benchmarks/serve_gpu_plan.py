@@ -11,7 +11,8 @@ STOP_RESERVE_S = 25.0  # stopping the servers at the end
 # `ingress`: Ray Serve's direct ingress, the replica answers HTTP on its own port (no HTTP proxy hop); the client is
 # pointed at the replica's port (direct_ingress_port).
 TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
-          "ingress": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}}
+          "ingress": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
+          "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"}}  # the GIL handed between threads every 0.5 ms
 DIRECT_INGRESS_BASE_PORT = 30000
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, AsyncIterator, Protocol
 
@@ -33,6 +34,12 @@ from fleetllm.serve.stream_trace import new_trace
 # streams per token at 5 ms steps; 256 streams every 128 ms): benchmarks/NOTES-serve.md.
 # FLEETLLM_STREAM_INTERVAL_S sets a floor under the gap (0: none).
 STREAM_INTERVAL_S = float(os.environ.get("FLEETLLM_STREAM_INTERVAL_S", "0"))
+
+# The replica process runs several busy threads (vLLM's output loop, the serving loop, Ray Serve's loop); a
+# token handed between them waits for the GIL up to Python's switch interval (5 ms) at each hop. An A/B knob
+# for the serving tail (issue 36; benchmarks/serve_gpu_plan.py TWEAKS "switch"): FLEETLLM_SWITCH_INTERVAL_S
+# sets sys.setswitchinterval in the replica; unset, Python's default stays.
+SWITCH_INTERVAL_S = os.environ.get("FLEETLLM_SWITCH_INTERVAL_S")
 
 
 class Backend(Protocol):
@@ -68,6 +75,8 @@ class ModelServer:
     """Loads one model's engine and streams its deltas as lists of dicts."""
 
     def __init__(self, config: LLMConfig, engine: Engine | None = None) -> None:
+        if SWITCH_INTERVAL_S:
+            sys.setswitchinterval(float(SWITCH_INTERVAL_S))
         self.config = config
         self.model_id = config.model_id
         if engine is None:

@@ -18,7 +18,8 @@ The signal (FLEETLLM_BATCH_ADMISSION_SIGNAL, an A/B knob while the GPU figures d
 request's chunks (its worst inter-token latency, what the Batch API's must-show bounds) against the best seen.
 The mean per token held ITL p50 at the tolerance and the batch below the sequences where throughput stops
 growing (docs/batch-api.md, lease 15); the p99 gap lets the mean rise while the tail holds. Non-streamed
-interactive requests give no gaps: under `gap_p99` they only mark interactive traffic as present.
+interactive requests give no gaps: under `gap_p99` they only mark interactive traffic as present. The gaps
+start at the first token: TTFT is left to the engine's priority order (lease 15: 0.88x of alone).
 
 One gate per API process and model: on the direct path that is each replica (its own engine), behind the
 separate ingress each ingress replica over the model's replicas.

@@ -13,6 +13,9 @@ over peak (target >= 0.9). Prints the table, writes JSON.
     # GPU (8B shape, dummy weights; see /work/shared/gpu/README.md for the machine's setup):
     python3 benchmarks/batch_api_interference.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --rounds 3 \
         --out benchmarks/results/batch_api_interference.json
+    # the window steered by the interactive streams' p99 gap, with a small step budget (docs/batch-api.md):
+    python3 benchmarks/batch_api_interference.py --tokenizer-dir .gpu/m --shape llama3-8b-shape --rounds 3 \
+        --admission-signal gap_p99 --engine-kwargs '{"max_num_batched_tokens": 384, "max_num_seqs": 384}'
     # CPU smoke (tiny scale, the transformers engine and the embedded model):
     python benchmarks/batch_api_interference.py --model smollm2-135m-instruct --engine transformers \
         --input-len 32 --output-len 16 --concurrency 2 --peak-concurrency 8 --prompts 8 --batch-size 48 --rounds 1
@@ -51,8 +54,9 @@ def start_server(args, model: str, work: Path) -> Server:
         "gpus_per_replica": 1.0 if shutil.which("nvidia-smi") else 0.0}],
         "batches": {"path": str(work / "batches"), "shard_rows": args.shard_rows}}
     (work / "serve.yaml").write_text(yaml.safe_dump(spec))
+    env = {**bench_env(), "FLEETLLM_BATCH_ADMISSION_SIGNAL": args.admission_signal}
     server = Server("fleetllm", [sys.executable, "-m", "fleetllm", "serve", str(work / "serve.yaml")], args.port,
-                    bench_env(), work / "serve.log").start()
+                    env, work / "serve.log").start()
     if not server.wait_ready(args.start_timeout_s):
         raise RuntimeError(f"fleetllm serve did not start:\n{server.tail()}")
     return server
@@ -123,7 +127,8 @@ def ratios(rounds: list[dict]) -> dict:
 def print_table(doc: dict) -> None:
     med = lambda leg, key: statistics.median(r[leg][key] for r in doc["rounds"])  # noqa: E731
     print(f"\n{len(doc['rounds'])} round(s), medians; interactive c={doc['args']['concurrency']}, "
-          f"{doc['args']['input_len']} in / {doc['args']['output_len']} out; batch {doc['args']['batch_size']} requests")
+          f"{doc['args']['input_len']} in / {doc['args']['output_len']} out; "
+          f"batch {doc['args']['batch_size']} requests; window steered by {doc['args'].get('admission_signal')}")
     print(f"{'metric':<26}{'alone':>12}{'with batch':>12}{'ratio':>8}  target")
     for name, key in RATIOS:
         print(f"{name + ' (ms)':<26}{med('alone', key):>12.1f}{med('with_batch', key):>12.1f}"
@@ -140,6 +145,8 @@ def main() -> None:
     p.add_argument("--shape", default=None, help="llama3-8b-shape (GPU) | smollm2-135m-shape | tiny-shape")
     p.add_argument("--engine", default="vllm")
     p.add_argument("--engine-kwargs", default="{}")
+    p.add_argument("--admission-signal", default="token_latency", choices=["token_latency", "gap_p99"],
+                   help="what steers the batch rows' window (fleetllm.serve.batch_admission)")
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=8)

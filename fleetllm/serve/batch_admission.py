@@ -13,6 +13,14 @@ client and `ai_query` use) whose latency signal is the *interactive* requests' l
 - a batch row that finds the window full waits in the API (never an error): its client's own AIMD window
   sees the longer latency and sends less.
 
+The signal (FLEETLLM_BATCH_ADMISSION_SIGNAL, an A/B knob while the GPU figures decide, issue 34 #3):
+`token_latency` (default) as above; `gap_p99`, the 99th percentile of the gaps between one streamed interactive
+request's chunks (its worst inter-token latency, what the Batch API's must-show bounds) against the best seen.
+The mean per token held ITL p50 at the tolerance and the batch below the sequences where throughput stops
+growing (docs/batch-api.md, lease 15); the p99 gap lets the mean rise while the tail holds. Non-streamed
+interactive requests give no gaps: under `gap_p99` they only mark interactive traffic as present. The gaps
+start at the first token: TTFT is left to the engine's priority order (lease 15: 0.88x of alone).
+
 One gate per API process and model: on the direct path that is each replica (its own engine), behind the
 separate ingress each ingress replica over the model's replicas.
 """
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -32,12 +42,31 @@ BATCH_PRIORITY = 1  # the engine priority of batch rows (lower runs first, as vL
 # The tolerance the Batch API promises interactive traffic (its must-show: within 1.25x of alone).
 DEFAULT_TOLERANCE = 1.25
 DEFAULT_MAX_WINDOW = 1024
+SIGNALS = ("token_latency", "gap_p99")
 
 
-def admission_config(max_window: int = DEFAULT_MAX_WINDOW, tolerance: float = DEFAULT_TOLERANCE) -> AIMDConfig:
-    """The window's settings: per-token latency, cuts of 0.8 to 0.5 (deeper the higher latency rose)."""
+def signal_from_env() -> str:
+    """FLEETLLM_BATCH_ADMISSION_SIGNAL (default token_latency); a value not in SIGNALS is an error naming them."""
+    value = os.environ.get("FLEETLLM_BATCH_ADMISSION_SIGNAL", "token_latency").strip() or "token_latency"
+    if value not in SIGNALS:
+        raise ValueError(f"FLEETLLM_BATCH_ADMISSION_SIGNAL={value!r} is not a signal; use one of {', '.join(SIGNALS)}")
+    return value
+
+
+def gap_p99(times: list[float]) -> float | None:
+    """The 99th percentile (nearest rank) of the gaps between consecutive times; None for fewer than 2 gaps."""
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    if len(gaps) < 2:
+        return None
+    return gaps[min(len(gaps) - 1, math.ceil(0.99 * len(gaps)) - 1)]
+
+
+def admission_config(max_window: int = DEFAULT_MAX_WINDOW, tolerance: float = DEFAULT_TOLERANCE,
+                     signal: str = "token_latency") -> AIMDConfig:
+    """The window's settings: the signal's latency (per token, or a p99 gap as it is), cuts of 0.8 to 0.5
+    (deeper the higher latency rose)."""
     return AIMDConfig(initial_window=min(16, max_window), max_window=max_window, latency_tolerance=tolerance,
-                      latency_backoff_factor=0.8, backoff_factor=0.5, latency_per_token=True,
+                      latency_backoff_factor=0.8, backoff_factor=0.5, latency_per_token=signal == "token_latency",
                       min_latency_samples=8, latency_smoothing=0.2)
 
 
@@ -55,8 +84,11 @@ class BatchAdmission:
     """The window of batch rows in the engines of one model, driven by interactive latency (module doc)."""
 
     def __init__(self, config: AIMDConfig | None = None, quiet_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.window = AIMDController(config or admission_config(), clock=clock)
+                 clock: Callable[[], float] = time.monotonic, signal: str = "token_latency") -> None:
+        if signal not in SIGNALS:
+            raise ValueError(f"admission signal {signal!r}: use one of {', '.join(SIGNALS)}")
+        self.signal = signal
+        self.window = AIMDController(config or admission_config(signal=signal), clock=clock)
         self.quiet_s = quiet_s
         self.clock = clock
         self.last_interactive = float("-inf")
@@ -76,10 +108,15 @@ class BatchAdmission:
             self.window.on_quiet()
         self._changed.set()
 
-    def interactive(self, sent_at: float, latency_s: float, output_tokens: int | None) -> None:
-        """An interactive request sent at `sent_at` finished after `latency_s` with `output_tokens`."""
+    def interactive(self, sent_at: float, latency_s: float, output_tokens: int | None,
+                    gap_p99_s: float | None = None) -> None:
+        """An interactive request sent at `sent_at` finished after `latency_s` with `output_tokens`; a streamed
+        one gives the p99 of its chunks' gaps (`gap_p99`)."""
         self.last_interactive = self.clock()
-        self.window.on_sample(Ticket(sent_at=sent_at), latency_s, output_tokens)
+        if self.signal == "token_latency":
+            self.window.on_sample(Ticket(sent_at=sent_at), latency_s, output_tokens)
+        elif gap_p99_s is not None:
+            self.window.on_sample(Ticket(sent_at=sent_at), gap_p99_s)
         self._changed.set()
 
     def snapshot(self) -> dict[str, object]:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from fleetllm.engines.openai_api.embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.accumulator import Accumulator
 from fleetllm.serve.backend import Backend, raise_item_error
-from fleetllm.serve.batch_admission import BatchAdmission, is_batch, priority_of
+from fleetllm.serve.batch_admission import BatchAdmission, gap_p99, is_batch, priority_of, signal_from_env
 from fleetllm.serve.metrics import ServeMetrics
 from fleetllm.engines.openai_api.protocol import (
     APIError, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse,
@@ -42,12 +42,13 @@ class Handlers:
         self.api_key = api_key
         self.metrics = metrics
         self.admissions: dict[str, BatchAdmission] = {}  # batch rows' window per served model id (batch_admission)
+        self.admission_signal = signal_from_env()  # what steers that window (batch_admission.SIGNALS)
         self.adapters = adapter_ids(backends)  # LoRA adapter model ids -> (base model id, adapter name)
 
     def admission(self, model: str) -> BatchAdmission:
         """The window of the engine that answers `model`: an adapter id shares its base model's."""
         base = self.adapters[model][0] if model in self.adapters else model
-        return self.admissions.setdefault(base, BatchAdmission())
+        return self.admissions.setdefault(base, BatchAdmission(signal=self.admission_signal))
 
     def check_key(self, request: Request) -> None:
         if self.api_key is None:
@@ -165,13 +166,15 @@ class Handlers:
                 ms.in_flight.labels(model).dec()
                 await stream.aclose()
 
-    def finished(self, model: str, endpoint: str, ms, t0: float, acc: Accumulator) -> None:
-        """A generation answered: its latency and usage recorded; an interactive one's latency steers the
-        batch rows' admission window."""
+    def finished(self, model: str, endpoint: str, ms, t0: float, acc: Accumulator,
+                 chunk_times: list[float] | None = None) -> None:
+        """A generation answered: its latency and usage recorded; an interactive one's latency (and, streamed,
+        the p99 of its chunks' gaps) steers the batch rows' admission window."""
         latency = time.monotonic() - t0
         ms.latency.labels(model).observe(latency)
         if ms is self.metrics.interactive:
-            self.admission(model).interactive(t0, latency, acc.completion_tokens)
+            gap = gap_p99(chunk_times) if chunk_times else None
+            self.admission(model).interactive(t0, latency, acc.completion_tokens, gap)
         record_usage(model, endpoint, acc, ms)
 
     async def sse(self, req, endpoint: str, model: str, first: list[dict], stream: AsyncIterator, t0: float, ms):
@@ -180,6 +183,7 @@ class Handlers:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         # vLLM's continuous_usage_stats: the usage so far on every chunk (with include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        times: list[float] = []  # when each engine message came: its gaps steer the batch window (gap_p99)
         try:
             if endpoint == "chat":
                 prompt = max((d.get("num_input_tokens") or 0 for d in first), default=0)
@@ -189,6 +193,7 @@ class Handlers:
                                                      usage=Usage.of(prompt, 0) if continuous else None))
             items = first
             while True:
+                times.append(time.monotonic())
                 raise_item_error(items)
                 acc.add(items)
                 for chunk in acc.chunks(rid, endpoint, model, items):  # one per choice, as vLLM streams
@@ -203,7 +208,7 @@ class Handlers:
         finally:
             ms.in_flight.labels(model).dec()
             await stream.aclose()
-        self.finished(model, endpoint, ms, t0, acc)
+        self.finished(model, endpoint, ms, t0, acc, times)
         if include_usage:
             usage = Usage.of(acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
             cls = ChatCompletionChunk if endpoint == "chat" else CompletionResponse

@@ -259,3 +259,23 @@ def test_a_logprob_of_minus_infinity_is_clamped_as_openai_does():
     assert entry["logprob"] == LOGPROB_FLOOR == -9999.0
     assert [t["logprob"] for t in entry["top_logprobs"]] == [0.0, -9999.0, -9999.0]
     assert json.dumps(entry).count("Infinity") == 0
+
+
+def test_under_gap_p99_a_streamed_interactive_request_steers_the_batch_window_by_its_gaps(app, monkeypatch):
+    """FLEETLLM_BATCH_ADMISSION_SIGNAL=gap_p99: a streamed request's worst chunk gap, not its mean per token, is
+    the batch window's latency sample; a request that is not streamed gives none."""
+    _, servers = app
+    monkeypatch.setenv("FLEETLLM_BATCH_ADMISSION_SIGNAL", "gap_p99")
+    tiny = servers["tiny"]
+    cfg = LLMConfig(model_loading_config=dict(model_id="tiny", model_source=tiny.config.model_loading_config
+                                              .model_source), engine="transformers", stream_messages_per_s=1e6)
+    api = make_api({"tiny": LocalBackend(ModelServer(cfg, engine=tiny.engine), max_ongoing_requests=8,
+                                         max_queued_requests=0)}, api_key=KEY)
+    (plain,) = call(api, chat(max_tokens=16, ignore_eos=True))
+    assert plain.status_code == 200, plain.text
+    window = api.state.admissions["tiny"].window
+    assert window.smoothed_latency is None  # not streamed: no gaps, no sample
+    (streamed,) = call(api, chat(max_tokens=16, ignore_eos=True, stream=True))
+    assert streamed.status_code == 200 and streamed.text.count("data: ") >= 16
+    sample = window.smoothed_latency
+    assert sample is not None and 0 < sample < streamed.elapsed.total_seconds()

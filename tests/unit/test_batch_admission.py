@@ -89,3 +89,54 @@ def test_a_full_window_holds_a_batch_row_until_a_place_frees():
         return order
 
     assert asyncio.run(main()) == ["a in", "a out", "b in", "b out"]
+
+
+def test_gap_p99_is_the_nearest_rank_of_the_gaps():
+    from fleetllm.serve.batch_admission import gap_p99
+
+    assert gap_p99([0.0, 1.0, 2.0, 3.0, 13.0]) == 10.0  # gaps 1, 1, 1, 10: the 99th percentile is the worst
+    times = [i * 0.005 for i in range(201)]
+    times[100:] = [t + 0.02 for t in times[100:]]  # one 25 ms gap among 200: above the 99th percentile's rank
+    assert abs(gap_p99(times) - 0.005) < 1e-9
+    assert gap_p99([1.0, 2.0]) is None  # one gap says nothing about a tail
+
+
+def stream_gaps(g: BatchAdmission, clock: Clock, n: int, per_token_s: float, p99_s: float,
+                tokens: int = 100) -> None:
+    for _ in range(n):
+        sent = clock.t
+        clock.t += per_token_s * tokens
+        g.interactive(sent, per_token_s * tokens, tokens, p99_s)
+
+
+def test_under_gap_p99_the_window_follows_the_tail_not_the_mean():
+    mean = BatchAdmission(admission_config(max_window=64), clock=Clock())
+    tail = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
+    for g in (mean, tail):
+        stream_gaps(g, g.clock, 40, 0.005, 0.010)  # baseline: 5 ms a token, worst gaps 10 ms
+        stream_gaps(g, g.clock, 10, 0.005 * 1.6, 0.011)  # the mean rises 1.6x, the tail 1.1x
+    assert mean.window.stats.decreases.get("latency", 0) >= 1
+    assert not tail.window.stats.decreases
+    stream_gaps(tail, tail.clock, 10, 0.008, 0.010 * 1.6)  # now the tail rises past the tolerance
+    assert tail.window.stats.decreases.get("latency", 0) >= 1
+
+
+def test_under_gap_p99_a_request_without_gaps_marks_traffic_but_gives_no_sample():
+    g = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
+    g.interactive(g.clock.t, 0.5, 100, None)  # not streamed: no gaps
+    assert g.window.stats.successes == 0 and g.window.smoothed_latency is None
+    assert g.last_interactive == g.clock.t  # interactive traffic is present: batch rows do not grow the window
+
+
+def test_an_unknown_admission_signal_is_refused_naming_the_choices(monkeypatch):
+    import pytest
+
+    from fleetllm.serve.batch_admission import signal_from_env
+
+    monkeypatch.setenv("FLEETLLM_BATCH_ADMISSION_SIGNAL", "p99")
+    with pytest.raises(ValueError, match="token_latency, gap_p99"):
+        signal_from_env()
+    monkeypatch.setenv("FLEETLLM_BATCH_ADMISSION_SIGNAL", "gap_p99")
+    assert signal_from_env() == "gap_p99"
+    with pytest.raises(ValueError, match="token_latency, gap_p99"):
+        BatchAdmission(signal="p99")

@@ -347,7 +347,6 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
             self._timings.append(timing)
         return results
 
-
     async def agenerate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """`generate` for callers on an event loop (does not block it); cancelling the caller aborts every
         request of the batch in vLLM."""

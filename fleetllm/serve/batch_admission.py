@@ -45,12 +45,17 @@ DEFAULT_MAX_WINDOW = 1024
 SIGNALS = ("token_latency", "gap_p99")
 
 
+def checked_signal(signal: str, source: str = "admission signal") -> str:
+    """`signal` if it is one of SIGNALS, else a ValueError naming `source` and the choices."""
+    if signal not in SIGNALS:
+        raise ValueError(f"{source} {signal!r} is not a signal; use one of {', '.join(SIGNALS)}")
+    return signal
+
+
 def signal_from_env() -> str:
-    """FLEETLLM_BATCH_ADMISSION_SIGNAL (default token_latency); a value not in SIGNALS is an error naming them."""
+    """FLEETLLM_BATCH_ADMISSION_SIGNAL (default token_latency), checked."""
     value = os.environ.get("FLEETLLM_BATCH_ADMISSION_SIGNAL", "token_latency").strip() or "token_latency"
-    if value not in SIGNALS:
-        raise ValueError(f"FLEETLLM_BATCH_ADMISSION_SIGNAL={value!r} is not a signal; use one of {', '.join(SIGNALS)}")
-    return value
+    return checked_signal(value, "FLEETLLM_BATCH_ADMISSION_SIGNAL")
 
 
 def gap_p99(times: list[float]) -> float | None:
@@ -85,9 +90,7 @@ class BatchAdmission:
 
     def __init__(self, config: AIMDConfig | None = None, quiet_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, signal: str = "token_latency") -> None:
-        if signal not in SIGNALS:
-            raise ValueError(f"admission signal {signal!r}: use one of {', '.join(SIGNALS)}")
-        self.signal = signal
+        self.signal = checked_signal(signal)
         self.window = AIMDController(config or admission_config(signal=signal), clock=clock)
         self.quiet_s = quiet_s
         self.clock = clock

@@ -173,7 +173,7 @@ class Handlers:
         latency = time.monotonic() - t0
         ms.latency.labels(model).observe(latency)
         if ms is self.metrics.interactive:
-            gap = gap_p99(chunk_times) if chunk_times else None
+            gap = gap_p99(chunk_times) if chunk_times and self.admission_signal == "gap_p99" else None
             self.admission(model).interactive(t0, latency, acc.completion_tokens, gap)
         record_usage(model, endpoint, acc, ms)
 

@@ -22,11 +22,13 @@ def gate(**kw) -> tuple[BatchAdmission, Clock]:
     return BatchAdmission(admission_config(**kw), quiet_s=2.0, clock=clock), clock
 
 
-def interactive(g: BatchAdmission, clock: Clock, n: int, per_token_s: float, tokens: int = 100) -> None:
+def interactive(g: BatchAdmission, clock: Clock, n: int, per_token_s: float, tokens: int = 100,
+                p99_s: float | None = None) -> None:
+    """n interactive requests of `tokens` at `per_token_s`; streamed ones (p99_s) give their worst gap too."""
     for _ in range(n):
         sent = clock.t
         clock.t += per_token_s * tokens
-        g.interactive(sent, per_token_s * tokens, tokens)
+        g.interactive(sent, per_token_s * tokens, tokens, p99_s)
 
 
 def test_steady_interactive_latency_opens_the_window():
@@ -101,23 +103,15 @@ def test_gap_p99_is_the_nearest_rank_of_the_gaps():
     assert gap_p99([1.0, 2.0]) is None  # one gap says nothing about a tail
 
 
-def stream_gaps(g: BatchAdmission, clock: Clock, n: int, per_token_s: float, p99_s: float,
-                tokens: int = 100) -> None:
-    for _ in range(n):
-        sent = clock.t
-        clock.t += per_token_s * tokens
-        g.interactive(sent, per_token_s * tokens, tokens, p99_s)
-
-
 def test_under_gap_p99_the_window_follows_the_tail_not_the_mean():
     mean = BatchAdmission(admission_config(max_window=64), clock=Clock())
     tail = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
     for g in (mean, tail):
-        stream_gaps(g, g.clock, 40, 0.005, 0.010)  # baseline: 5 ms a token, worst gaps 10 ms
-        stream_gaps(g, g.clock, 10, 0.005 * 1.6, 0.011)  # the mean rises 1.6x, the tail 1.1x
+        interactive(g, g.clock, 40, 0.005, p99_s=0.010)  # baseline: 5 ms a token, worst gaps 10 ms
+        interactive(g, g.clock, 10, 0.005 * 1.6, p99_s=0.011)  # the mean rises 1.6x, the tail 1.1x
     assert mean.window.stats.decreases.get("latency", 0) >= 1
     assert not tail.window.stats.decreases
-    stream_gaps(tail, tail.clock, 10, 0.008, 0.010 * 1.6)  # now the tail rises past the tolerance
+    interactive(tail, tail.clock, 10, 0.008, p99_s=0.010 * 1.6)  # now the tail rises past the tolerance
     assert tail.window.stats.decreases.get("latency", 0) >= 1
 
 

@@ -14,12 +14,14 @@ client and `ai_query` use) whose latency signal is the *interactive* requests' l
   sees the longer latency and sends less.
 
 The signal (FLEETLLM_BATCH_ADMISSION_SIGNAL, an A/B knob while the GPU figures decide, issue 34 #3):
-`token_latency` (default) as above; `gap_p99`, the 99th percentile of the gaps between one streamed interactive
-request's chunks (its worst inter-token latency, what the Batch API's must-show bounds) against the best seen.
-The mean per token held ITL p50 at the tolerance and the batch below the sequences where throughput stops
-growing (docs/batch-api.md, lease 15); the p99 gap lets the mean rise while the tail holds. Non-streamed
-interactive requests give no gaps: under `gap_p99` they only mark interactive traffic as present. The gaps
-start at the first token: TTFT is left to the engine's priority order (lease 15: 0.88x of alone).
+`token_latency` (default) as above; `gap_p99`, the 99th percentile of the gaps between chunks over the last
+GAP_POOL gaps of all streamed interactive requests (the inter-token tail the Batch API's must-show bounds,
+pooled as a benchmark pools it; one request's 256 gaps hold too few for a 99th percentile) against the best
+seen, sampled as each streamed request finishes once GAP_MIN gaps are pooled. The mean per token held ITL p50
+at the tolerance and the batch below the sequences where throughput stops growing (docs/batch-api.md, lease
+15); the pooled tail lets the mean rise while the tail holds. Non-streamed interactive requests give no gaps:
+under `gap_p99` they only mark interactive traffic as present. The gaps start at the first token: TTFT is left
+to the engine's priority order (lease 15: 0.88x of alone).
 
 One gate per API process and model: on the direct path that is each replica (its own engine), behind the
 separate ingress each ingress replica over the model's replicas.
@@ -28,11 +30,12 @@ separate ingress each ingress replica over the model's replicas.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import os
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fleetllm.batches.store import BATCH_HEADER
 from fleetllm.engines.openai.aimd import AIMDConfig, AIMDController, Ticket
@@ -43,6 +46,8 @@ BATCH_PRIORITY = 1  # the engine priority of batch rows (lower runs first, as vL
 DEFAULT_TOLERANCE = 1.25
 DEFAULT_MAX_WINDOW = 1024
 SIGNALS = ("token_latency", "gap_p99")
+GAP_POOL = 2000  # the interactive chunk gaps the p99 is taken over (~1 s of 8 streams at 5 ms a token)
+GAP_MIN = 200  # no sample before this many gaps: the 99th percentile of fewer is one outlier
 
 
 def checked_signal(signal: str, source: str = "admission signal") -> str:
@@ -58,12 +63,17 @@ def signal_from_env() -> str:
     return checked_signal(value, "FLEETLLM_BATCH_ADMISSION_SIGNAL")
 
 
-def gap_p99(times: list[float]) -> float | None:
-    """The 99th percentile (nearest rank) of the gaps between consecutive times; None for fewer than 2 gaps."""
-    gaps = sorted(b - a for a, b in zip(times, times[1:]))
-    if len(gaps) < 2:
+def gaps_of(times: Sequence[float]) -> list[float]:
+    """The gaps between consecutive times."""
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def p99(values: Sequence[float]) -> float | None:
+    """The 99th percentile (nearest rank) of `values`; None for fewer than 2."""
+    ordered = sorted(values)
+    if len(ordered) < 2:
         return None
-    return gaps[min(len(gaps) - 1, math.ceil(0.99 * len(gaps)) - 1)]
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 def admission_config(max_window: int = DEFAULT_MAX_WINDOW, tolerance: float = DEFAULT_TOLERANCE,
@@ -96,6 +106,7 @@ class BatchAdmission:
         self.clock = clock
         self.last_interactive = float("-inf")
         self.waiting = 0
+        self.gaps: collections.deque[float] = collections.deque(maxlen=GAP_POOL)  # gap_p99's pool
         self._changed = asyncio.Event()
 
     # --- pure part (no waiting): what the unit tests drive -----------------------------------------------
@@ -112,14 +123,16 @@ class BatchAdmission:
         self._changed.set()
 
     def interactive(self, sent_at: float, latency_s: float, output_tokens: int | None,
-                    gap_p99_s: float | None = None) -> None:
+                    gaps: Sequence[float] | None = None) -> None:
         """An interactive request sent at `sent_at` finished after `latency_s` with `output_tokens`; a streamed
-        one gives the p99 of its chunks' gaps (`gap_p99`)."""
+        one gives the gaps between its chunks (pooled under `gap_p99`)."""
         self.last_interactive = self.clock()
         if self.signal == "token_latency":
             self.window.on_sample(Ticket(sent_at=sent_at), latency_s, output_tokens)
-        elif gap_p99_s is not None:
-            self.window.on_sample(Ticket(sent_at=sent_at), gap_p99_s)
+        elif gaps:
+            self.gaps.extend(gaps)
+            if len(self.gaps) >= GAP_MIN:
+                self.window.on_sample(Ticket(sent_at=sent_at), p99(self.gaps))
         self._changed.set()
 
     def snapshot(self) -> dict[str, object]:

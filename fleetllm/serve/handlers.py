@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from fleetllm.engines.openai_api.embeddings import EmbeddingsRequest, embeddings_response, wrong_task_message
 from fleetllm.serve.accumulator import Accumulator
 from fleetllm.serve.backend import Backend, raise_item_error
-from fleetllm.serve.batch_admission import BatchAdmission, gap_p99, is_batch, priority_of, signal_from_env
+from fleetllm.serve.batch_admission import BatchAdmission, gaps_of, is_batch, priority_of, signal_from_env
 from fleetllm.serve.metrics import ServeMetrics
 from fleetllm.engines.openai_api.protocol import (
     APIError, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, CompletionRequest, CompletionResponse,
@@ -169,12 +169,12 @@ class Handlers:
     def finished(self, model: str, endpoint: str, ms, t0: float, acc: Accumulator,
                  chunk_times: list[float] | None = None) -> None:
         """A generation answered: its latency and usage recorded; an interactive one's latency (and, streamed,
-        the p99 of its chunks' gaps) steers the batch rows' admission window."""
+        the gaps between its chunks) steers the batch rows' admission window."""
         latency = time.monotonic() - t0
         ms.latency.labels(model).observe(latency)
         if ms is self.metrics.interactive:
-            gap = gap_p99(chunk_times) if chunk_times and self.admission_signal == "gap_p99" else None
-            self.admission(model).interactive(t0, latency, acc.completion_tokens, gap)
+            gaps = gaps_of(chunk_times) if chunk_times and self.admission_signal == "gap_p99" else None
+            self.admission(model).interactive(t0, latency, acc.completion_tokens, gaps)
         record_usage(model, endpoint, acc, ms)
 
     async def sse(self, req, endpoint: str, model: str, first: list[dict], stream: AsyncIterator, t0: float, ms):

@@ -262,8 +262,8 @@ def test_a_logprob_of_minus_infinity_is_clamped_as_openai_does():
 
 
 def test_under_gap_p99_a_streamed_interactive_request_steers_the_batch_window_by_its_gaps(app, monkeypatch):
-    """FLEETLLM_BATCH_ADMISSION_SIGNAL=gap_p99: a streamed request's worst chunk gap, not its mean per token, is
-    the batch window's latency sample; a request that is not streamed gives none."""
+    """FLEETLLM_BATCH_ADMISSION_SIGNAL=gap_p99: a streamed request's chunk gaps, not its mean per token, join the
+    pool whose 99th percentile steers the batch window; a request that is not streamed gives none."""
     _, servers = app
     monkeypatch.setenv("FLEETLLM_BATCH_ADMISSION_SIGNAL", "gap_p99")
     tiny = servers["tiny"]
@@ -273,9 +273,9 @@ def test_under_gap_p99_a_streamed_interactive_request_steers_the_batch_window_by
                                          max_queued_requests=0)}, api_key=KEY)
     (plain,) = call(api, chat(max_tokens=16, ignore_eos=True))
     assert plain.status_code == 200, plain.text
-    window = api.state.admissions["tiny"].window
-    assert window.smoothed_latency is None  # not streamed: no gaps, no sample
+    gate = api.state.admissions["tiny"]
+    assert not gate.gaps and gate.window.smoothed_latency is None  # not streamed: no gaps, no sample
     (streamed,) = call(api, chat(max_tokens=16, ignore_eos=True, stream=True))
     assert streamed.status_code == 200 and streamed.text.count("data: ") >= 16
-    sample = window.smoothed_latency
-    assert sample is not None and 0 < sample < streamed.elapsed.total_seconds()
+    assert len(gate.gaps) >= 15 and all(g >= 0 for g in gate.gaps)  # one per token after the first
+    assert 0 < sum(gate.gaps) < streamed.elapsed.total_seconds()

@@ -24,11 +24,17 @@ def gate(**kw) -> tuple[BatchAdmission, Clock]:
 
 def interactive(g: BatchAdmission, clock: Clock, n: int, per_token_s: float, tokens: int = 100,
                 p99_s: float | None = None) -> None:
-    """n interactive requests of `tokens` at `per_token_s`; streamed ones (p99_s) give their worst gap too."""
+    """n interactive requests of `tokens` at `per_token_s`; streamed ones (p99_s) give their gaps too: one in
+    fifty at p99_s (2% of the gaps: the pool's 99th percentile), the rest such that the mean stays per_token_s."""
     for _ in range(n):
         sent = clock.t
         clock.t += per_token_s * tokens
-        g.interactive(sent, per_token_s * tokens, tokens, p99_s)
+        gaps = None
+        if p99_s is not None:
+            slow = tokens // 50
+            fast = (per_token_s * tokens - slow * p99_s) / (tokens - slow)
+            gaps = [p99_s if i % 50 == 49 else fast for i in range(tokens)]
+        g.interactive(sent, per_token_s * tokens, tokens, gaps)
 
 
 def test_steady_interactive_latency_opens_the_window():
@@ -93,14 +99,25 @@ def test_a_full_window_holds_a_batch_row_until_a_place_frees():
     assert asyncio.run(main()) == ["a in", "a out", "b in", "b out"]
 
 
-def test_gap_p99_is_the_nearest_rank_of_the_gaps():
-    from fleetllm.serve.batch_admission import gap_p99
+def test_p99_is_the_nearest_rank_of_the_gaps():
+    from fleetllm.serve.batch_admission import gaps_of, p99
 
-    assert gap_p99([0.0, 1.0, 2.0, 3.0, 13.0]) == 10.0  # gaps 1, 1, 1, 10: the 99th percentile is the worst
+    assert p99(gaps_of([0.0, 1.0, 2.0, 3.0, 13.0])) == 10.0  # gaps 1, 1, 1, 10: the 99th percentile is the worst
     times = [i * 0.005 for i in range(201)]
     times[100:] = [t + 0.02 for t in times[100:]]  # one 25 ms gap among 200: above the 99th percentile's rank
-    assert abs(gap_p99(times) - 0.005) < 1e-9
-    assert gap_p99([1.0, 2.0]) is None  # one gap says nothing about a tail
+    assert abs(p99(gaps_of(times)) - 0.005) < 1e-9
+    assert p99(gaps_of([1.0, 2.0])) is None  # one gap says nothing about a tail
+
+
+def test_under_gap_p99_the_tail_is_pooled_over_requests_before_it_is_a_sample():
+    from fleetllm.serve.batch_admission import GAP_MIN
+
+    g = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
+    g.interactive(g.clock.t, 0.5, 100, [0.005] * 99 + [0.050])  # one request's worst gap is no p99 yet
+    assert g.window.smoothed_latency is None
+    for _ in range(GAP_MIN // 100):
+        g.interactive(g.clock.t, 0.5, 100, [0.005] * 100)
+    assert g.window.smoothed_latency == 0.005  # 1 slow gap in 300: under the 99th percentile of the pool
 
 
 def test_under_gap_p99_the_window_follows_the_tail_not_the_mean():
@@ -111,7 +128,7 @@ def test_under_gap_p99_the_window_follows_the_tail_not_the_mean():
         interactive(g, g.clock, 10, 0.005 * 1.6, p99_s=0.011)  # the mean rises 1.6x, the tail 1.1x
     assert mean.window.stats.decreases.get("latency", 0) >= 1
     assert not tail.window.stats.decreases
-    interactive(tail, tail.clock, 10, 0.008, p99_s=0.010 * 1.6)  # now the tail rises past the tolerance
+    interactive(tail, tail.clock, 30, 0.008, p99_s=0.010 * 1.6)  # now the (pooled) tail rises past the tolerance
     assert tail.window.stats.decreases.get("latency", 0) >= 1
 
 

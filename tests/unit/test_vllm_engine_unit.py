@@ -82,7 +82,7 @@ def test_mixed_step_tokens_becomes_fleetllms_scheduler_and_reaches_the_engine_co
 
     from fleetllm.engines.vllm_scheduler import ENV, SCHEDULER_CLS
 
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "unset")  # monkeypatch puts the environment back afterwards
     user = {"scheduling_policy": "priority", "mixed_step_tokens": 256}
     kwargs = VLLMEngine("m", user, workload="serve").vllm_kwargs(on_cpu=False)
     assert kwargs["scheduler_cls"] == SCHEDULER_CLS and "mixed_step_tokens" not in kwargs  # not a vLLM argument

@@ -9,7 +9,8 @@ the tail but may cost the server's peak when no batch runs.
 `engine_kwargs: {mixed_step_tokens: N}` (fleetllm's, not vLLM's) makes the budget N only while both kinds are in
 the engine: interactive requests (priority 0) and batch rows (priority > 0, fleetllm.serve.batch_admission), each
 seen in the last HOLD_S seconds (a request added, or running). Interactive traffic alone and batch rows alone
-run at vLLM's full budget. Which requests share a step changes, never what a step computes: outputs are the same.
+run at vLLM's full budget. Only how prompts are chunked into steps changes, as vLLM's own max_num_batched_tokens
+changes it: no dtype, sampling or cache setting.
 
 `scheduler_cls` names `MixedStepScheduler`; vLLM calls it as its scheduler class, and it builds on vLLM's
 `AsyncScheduler` where the engine schedules asynchronously (vLLM's default on GPUs), on `Scheduler` otherwise.

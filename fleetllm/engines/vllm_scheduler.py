@@ -91,9 +91,10 @@ def mixed_step(base: type) -> type:
                 if found[kind]:
                     self.fleetllm_seen[kind] = now
             mixed = now - self.fleetllm_seen[0] < HOLD_S and now - self.fleetllm_seen[1] < HOLD_S
-            # never below the running requests: each decode keeps its token in every step
-            budget = max(self.fleetllm_mixed_budget, min(len(self.running), self.fleetllm_full_budget))
-            self.max_num_scheduled_tokens = budget if mixed else self.fleetllm_full_budget
+            self.max_num_scheduled_tokens = self.fleetllm_full_budget
+            if mixed:  # never below the running requests: each decode keeps its token in every step
+                self.max_num_scheduled_tokens = max(self.fleetllm_mixed_budget,
+                                                    min(len(self.running), self.fleetllm_full_budget))
             out = super().schedule(*args, **kwargs)
             tokens = out.total_num_scheduled_tokens
             if tokens:

@@ -7,8 +7,8 @@ engine core spawns, and spawn needs a guarded main module)."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,8 +18,6 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 FULL, MIXED = 512, 64  # max_num_batched_tokens, mixed_step_tokens
-
-
 PERIOD = re.compile(r"fleetllm mixed step: (\d+) steps with (.+?) at a budget of (\d+) tokens, the largest (\d+)")
 
 

@@ -12,7 +12,8 @@ STOP_RESERVE_S = 25.0  # stopping the servers at the end
 # pointed at the replica's port (direct_ingress_port).
 TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
           "ingress": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
-          "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"}}  # the GIL handed between threads every 0.5 ms
+          "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"},  # the GIL handed between threads every 0.5 ms
+          "thread": {"FLEETLLM_VLLM_LOOP": "thread"}}  # vLLM's client on its own loop thread (before 2026-12-07)
 DIRECT_INGRESS_BASE_PORT = 30000
 
 

@@ -4,9 +4,10 @@ Why the async engine and not `vllm.LLM`: one replica then keeps requests from se
 streams) in flight in vLLM's continuous batching at once, instead of draining one batch before the
 next may start. benchmarks/vllm_engine.py measures both (benchmarks/NOTES-vllm.md): 4 batches of
 16 handed over from 4 threads ran 1.24x faster than vllm.LLM taking them one after the other.
-The `AsyncLLM` lives on a private event loop in a daemon thread, so `generate` can be called from
-plain threads (Ray Data actors, several at a time) and `generate_stream` from any other event loop
-(Ray Serve, FastAPI).
+For batch jobs the `AsyncLLM` lives on a private event loop in a daemon thread, so `generate` can be called
+from plain threads (Ray Data actors, several at a time). A serving replica starts it on its serving loop
+instead (`_serving_loop`), as `vllm serve` runs its output handler beside its HTTP server: each token then
+reaches the stream without crossing threads (FLEETLLM_VLLM_LOOP=thread keeps the private loop there too).
 
 Prompts are rendered here with the tokenizer's chat template (fleetllm.engines.chat, the same text the
 transformers engine builds) and handed to vLLM as token ids: each row's length is known before it
@@ -35,7 +36,7 @@ from fleetllm.engines.base import (
     GenerationResult,
 )
 from fleetllm.engines.chat import max_chars_per_token
-from fleetllm.engines.loop_thread import LoopThread
+from fleetllm.engines.loop_thread import CallerLoop, LoopThread, running_loop
 from fleetllm.engines.vllm_clock import call_timing, request_mark
 from fleetllm.engines.vllm_outputs import (
     completion_from_output,
@@ -77,7 +78,7 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
         # (fleetllm.engines.vllm_defaults); None when serving.
         self.usage_context = "OPENAI_API_SERVER" if self.workload == "serve" else "LLM_CLASS"
         self._llm: Any = None
-        self._loop: LoopThread | None = None
+        self._loop: LoopThread | CallerLoop | None = None
         # vLLM request ids: unique within the engine (a counter, cheaper than a uuid per row), and a
         # per-engine prefix so logs of several replicas tell them apart.
         self._id_prefix = uuid.uuid4().hex[:8]
@@ -141,7 +142,8 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
         from fleetllm.engines.vllm_inputs import LoraRequests
 
         self._sampling_cls, self.loras = SamplingParams, LoraRequests(self.engine_kwargs.get("lora_adapters") or {})
-        self._loop = LoopThread("fleetllm-vllm")
+        serving = self._serving_loop()
+        self._loop = CallerLoop(serving) if serving is not None else LoopThread("fleetllm-vllm")
 
         from vllm.usage.usage_lib import UsageContext
 
@@ -150,15 +152,18 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
         # Batch jobs are the LLM class's use. engine_kwargs (max_num_seqs, max_num_batched_tokens) override it.
         context = getattr(UsageContext, self.usage_context)
 
-        async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
+        def make_now() -> Any:
             return AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model_path, **kwargs), usage_context=context)
+
+        async def make() -> Any:  # created on the loop, so vLLM's output handler runs there
+            return make_now()
 
         from fleetllm.engines import vllm_compile_cache
 
         eager = bool(kwargs.get("enforce_eager"))  # compiles nothing: no compile cache to read
         cache_before = {} if eager else vllm_compile_cache.snapshot()  # did this start compile? (profiles ask)
-        try:
-            self._llm = self._run(make())
+        try:  # on the serving loop: created right here, where that loop runs (vLLM starts its output handler there)
+            self._llm = self._run(make()) if serving is None else make_now()
         except Exception as exc:
             self._close_loop()
             raise EngineError(f"vLLM could not start {self.model_path!r} with {kwargs}: {exc}") from exc
@@ -189,10 +194,24 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
                 llm.shutdown()
 
             try:
-                self._run(shutdown())
+                if isinstance(self._loop, CallerLoop) and self._loop.on_own_thread():  # cannot wait on this loop
+                    if getattr(llm, "output_handler", None) is not None:
+                        llm.output_handler.cancel()
+                    llm.shutdown()
+                else:
+                    self._run(shutdown())
             finally:
                 self._close_loop()
                 gc.unfreeze()  # the heap frozen at start is collectable again (and freed at exit)
+
+    def _serving_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop a serving replica starts its engine on (its serving loop, running on this thread), where vLLM's
+        client then lives: each output reaches the stream on the same thread, no hop between threads (the serving
+        tail, issue 36; benchmarks/NOTES-serve.md). None elsewhere (batch jobs: the engine's own loop thread, so
+        plain threads may call generate), or where FLEETLLM_VLLM_LOOP=thread asks for that thread when serving."""
+        if self.workload != "serve" or os.environ.get("FLEETLLM_VLLM_LOOP", "serving") == "thread":
+            return None
+        return running_loop()
 
     def _close_loop(self) -> None:
         if self._loop is not None:

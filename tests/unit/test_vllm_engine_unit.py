@@ -139,3 +139,19 @@ def test_progress_counts_finished_requests_and_the_tokens_of_running_ones():
     assert engine._finished == [4, 45]
     engine._llm = SimpleNamespace()  # a vLLM that keeps its requests elsewhere: not counted
     assert engine.progress() is None
+
+
+def test_a_serving_engine_takes_the_running_loop_unless_told_to_keep_its_own_thread(monkeypatch):
+    import asyncio
+
+    from fleetllm.engines.vllm_engine import VLLMEngine
+
+    async def chosen(engine: VLLMEngine):
+        return engine._serving_loop(), asyncio.get_running_loop()
+
+    loop, running = asyncio.run(chosen(VLLMEngine("m", workload="serve")))
+    assert loop is running
+    assert asyncio.run(chosen(VLLMEngine("m", rows_in_flight=64)))[0] is None  # batch jobs: the loop thread
+    assert VLLMEngine("m", workload="serve")._serving_loop() is None  # no loop running here
+    monkeypatch.setenv("FLEETLLM_VLLM_LOOP", "thread")
+    assert asyncio.run(chosen(VLLMEngine("m", workload="serve")))[0] is None

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
-from serve_gpu_plan import (STOP_RESERVE_S, direct_ingress_port, fleet_variants, print_plan,  # noqa: E402
-                             prompts_for, variant_env)
+from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_for,  # noqa: E402
+                             variant_env, variant_spec)
 from serve_servers import Server, bench_env, fleetllm_serve, vllm_serve  # noqa: E402
 from stream_trace_report import load as load_trace, summarize as trace_summary  # noqa: E402
 
@@ -180,14 +180,9 @@ def compare(args) -> None:
     servers = [] if args.no_vllm else [vllm_serve(model, args.port, kwargs, env, work / "vllm.log")]
     traces = {name: Path(args.trace) / name for name, _, _ in variants} if args.trace else {}
     for i, (name, ingress, budget) in enumerate(variants):
-        tweak_env = variant_env(name)
-        if "RAY_SERVE_ENABLE_DIRECT_INGRESS" in tweak_env:
-            tweak_env.update(direct_ingress_port(i))
-        srv = fleetllm_serve(model, args.port + 1 + i, kwargs, {**trace_env(env, traces.get(name)), **tweak_env},
-                             work, name, gpus=1.0 if on_gpu else 0.0, max_ongoing=max_c, budget=budget, ingress=ingress)
-        if "RAY_SERVE_ENABLE_DIRECT_INGRESS" in tweak_env:  # the client goes to the replica, not the proxy
-            srv.port = int(tweak_env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"])
-            srv.url = f"http://127.0.0.1:{srv.port}/v1"
+        srv_env = {**trace_env(env, traces.get(name)), **variant_env(name)}
+        srv = fleetllm_serve(model, args.port + 1 + i, kwargs, srv_env, work, name, gpus=1.0 if on_gpu else 0.0,
+                             max_ongoing=max_c, budget=budget, ingress=ingress, spec_extra=variant_spec(name))
         servers.append(srv)
     plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
     doc["planned_s"] = round(print_plan(servers, plan, args))

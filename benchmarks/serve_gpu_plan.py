@@ -6,23 +6,21 @@ from __future__ import annotations
 STOP_RESERVE_S = 25.0  # stopping the servers at the end
 
 
-# Environment tweaks a variant may name after its ingress (`direct+samethread`): Ray Serve settings of the
-# replica process, to A/B where a streamed token waits (benchmarks/NOTES-serve.md).
-# `ingress`: Ray Serve's direct ingress, the replica answers HTTP on its own port (no HTTP proxy hop); the client is
-# pointed at the replica's port (direct_ingress_port).
+# Tweaks a variant may name after its ingress (`direct+thread`), to A/B where a streamed token waits
+# (benchmarks/NOTES-serve.md): environment of the replica process (TWEAKS), or serve.yaml fields (SPEC_TWEAKS).
+# Since 2026-12-07 one replica answers HTTP itself (serve.yaml `http: auto` -> replica: Ray Serve's direct ingress
+# on the app's port, user code on the replica's main loop) and vLLM's client runs on its serving loop.
 TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
-          "ingress": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
           "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"},  # the GIL handed between threads every 0.5 ms
-          "thread": {"FLEETLLM_VLLM_LOOP": "thread"}}  # vLLM's client on its own loop thread (before 2026-12-07)
-DIRECT_INGRESS_BASE_PORT = 30000
+          "thread": {"FLEETLLM_VLLM_LOOP": "thread"},  # vLLM's client on its own loop thread (before 2026-12-07)
+          "proxy": {}}  # Serve's HTTP proxy in front (`http: proxy`, the default before 2026-12-07)
+SPEC_TWEAKS = {"proxy": {"http": "proxy"}}
 
 
-def direct_ingress_port(index: int) -> dict[str, str]:
-    """Variant `index`'s own replica port range (several servers run at once, each with its own Ray): the env."""
-    http, grpc = DIRECT_INGRESS_BASE_PORT + 100 * index, DIRECT_INGRESS_BASE_PORT + 10000 + 100 * index
-    pre = "RAY_SERVE_DIRECT_INGRESS_"
-    return {f"{pre}MIN_HTTP_PORT": str(http), f"{pre}MAX_HTTP_PORT": str(http + 99),
-            f"{pre}MIN_GRPC_PORT": str(grpc), f"{pre}MAX_GRPC_PORT": str(grpc + 99)}
+def variant_spec(name: str) -> dict:
+    """serve.yaml fields a variant's tweaks set (server name `fleetllm-direct-proxy` -> {"http": "proxy"})."""
+    return {k: v for tweak, fields in SPEC_TWEAKS.items() if name.endswith(f"-{tweak}") or f"-{tweak}-" in name
+            for k, v in fields.items()}
 
 
 def variant_env(name: str) -> dict[str, str]:

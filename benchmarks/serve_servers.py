@@ -93,10 +93,10 @@ def vllm_metadata(env: dict, work: Path) -> str:
 
 def fleetllm_serve(model: str, port: int, kwargs: dict, env: dict, work: Path, name: str, replicas: int = 1,
                    routing: str = "power_of_two", gpus: float = 0.0, max_ongoing: int = 256,
-                   budget: float | None = None, ingress: str = "auto") -> Server:
+                   budget: float | None = None, ingress: str = "auto", spec_extra: dict | None = None) -> Server:
     import yaml
 
-    spec = {"name": "bench", "host": "127.0.0.1", "port": port, "ingress": ingress, "models": [{
+    spec = {"name": "bench", "host": "127.0.0.1", "port": port, "ingress": ingress, **(spec_extra or {}), "models": [{
         "model_id": "bench", "source": model, "engine": "vllm", "engine_kwargs": kwargs, "replicas": replicas,
         "routing": routing, "max_ongoing_requests": max_ongoing, "max_queued_requests": max(256, max_ongoing),
         "cpus_per_replica": 1, "gpus_per_replica": gpus, "stream_messages_per_s": budget}]}

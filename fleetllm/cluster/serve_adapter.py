@@ -74,6 +74,9 @@ def _served(model: ServeModelSpec) -> ServedModel:
 def serve_view(data: dict[str, Any] | ServeSpec, source: str = "serve spec") -> ServeView:
     """Validate `data` as a ServeSpec (the model `fleetllm serve` runs) and size its models for pods."""
     spec = data if isinstance(data, ServeSpec) else parse_spec(ServeSpec, data, source)
+    if spec.http == "replica":
+        raise SpecError(f"{source}: http: replica needs a Ray started by `fleetllm serve`; a RayService's Ray is "
+                        "KubeRay's and its Serve answers through the HTTP proxy: use http: auto or proxy")
     return ServeView(spec, [_served(m) for m in spec.models])
 
 

@@ -24,7 +24,7 @@ def _serve(args) -> int:
     import signal
     import threading
 
-    from fleetllm.serve.run import ingress_line, plan_lines, run_serve, stop_serve
+    from fleetllm.serve.run import http_choice, http_line, ingress_line, plan_lines, run_serve, stop_serve
     from fleetllm.serve.model_args import spec_data
     from fleetllm.serve.spec import ServeSpec
     from fleetllm.spec import parse_spec
@@ -37,12 +37,13 @@ def _serve(args) -> int:
     stop = threading.Event()
     service = None
     try:
+        http = http_choice(spec)  # before Ray starts (after, Ray is up here and `auto` would say proxy)
         url = run_serve(spec, host, port)
         service = start_batch_service(spec, url)
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own handlers
             signal.signal(sig, lambda *_: stop.set())
         print(f"serving {', '.join(m.model_id for m in spec.models)} at {url}  (Ctrl-C to stop)\n"
-              f"{ingress_line(spec)}", flush=True)
+              f"{ingress_line(spec)}\n{http_line(spec, http)}", flush=True)
         while not stop.wait(1.0):
             pass
     finally:

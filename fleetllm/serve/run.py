@@ -2,21 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
 
 from fleetllm.engines.capabilities import engine_label
 from fleetllm.errors import PlanError
+from fleetllm.serve.replica_http import choose_http, free_port, replica_env
 from fleetllm.serve.spec import ServeSpec, choose_ingress
 
 
 def ingress_line(spec: ServeSpec) -> str:
     """Which path the app takes, and why (the plan and the start-up line say it)."""
     path, why = choose_ingress(spec.ingress, spec.models)
-    where = ("the model replicas answer HTTP (Serve proxy -> replica)" if path == "direct"
-             else "an OpenAIIngress deployment routes to the model replicas (Serve proxy -> ingress -> replica)")
+    where = ("the model replicas answer the API themselves (no ingress deployment)" if path == "direct"
+             else "an OpenAIIngress deployment routes to the model replicas (HTTP -> ingress -> replica)")
     return f"ingress: {path}: {where}; {why}"
+
+
+def ray_started_here(spec: ServeSpec) -> bool:
+    """Whether `fleetllm serve` starts Ray itself (no cluster to join, none up in this process)."""
+    import ray
+
+    return not (ray.is_initialized() or spec.cluster.address or os.environ.get("RAY_ADDRESS"))
+
+
+def http_choice(spec: ServeSpec) -> tuple[str, str]:
+    """("replica" | "proxy", why): who listens on host:port (fleetllm.serve.replica_http); PlanError for
+    `http: replica` where it cannot apply."""
+    path, _ = choose_ingress(spec.ingress, spec.models)
+    try:
+        return choose_http(spec.http, path, spec.models, ray_started_here(spec))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def http_line(spec: ServeSpec, choice: tuple[str, str] | None = None) -> str:
+    http, why = choice or http_choice(spec)
+    where = ("the model replica listens on the app's address itself (no Serve proxy hop)" if http == "replica"
+             else "Ray Serve's HTTP proxy listens on the app's address")
+    return f"http: {http}: {where}; {why}"
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -48,6 +74,7 @@ def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:
         if m.engine_kwargs:
             lines.append(f"    engine_kwargs: {m.engine_kwargs}")
     lines.append(ingress_line(spec))
+    lines.append(http_line(spec))
     if spec.batch_store_url():
         lines.append(f"batch API: /v1/files and /v1/batches, files and state in {spec.batch_store_url()}")
     lines.append(f"environment: {spec.environment.describe()}")
@@ -68,14 +95,32 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
     spec.environment.check_local()
     if not (ray.is_initialized() or spec.cluster.address or os.environ.get("RAY_ADDRESS")):
         spec.environment.check_refs_set()  # a local Ray: Secret references must be set here
+    http, _ = http_choice(spec)
     if not ray.is_initialized():
         address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
-    serve.start(http_options={"host": host, "port": port})
+        with environment(replica_env(port) if http == "replica" else {}):  # Ray's processes start with it
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
+    # http: replica: the replica listens on `port`; the proxy Serve starts anyway gets a free port of its own
+    serve.start(http_options={"host": host, "port": free_port(host) if http == "replica" else port})
     app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key(),
                             "ingress": spec.ingress, "batch_store": spec.batch_store_url()})
     serve.run(app, name=spec.name, route_prefix="/", blocking=False)
     return f"http://{host}:{port}/v1"
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]):
+    """os.environ with `values` set inside the block, as it was after it."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def stop_serve(shutdown_ray: bool = True) -> None:

@@ -5,6 +5,7 @@
     port: 8000
     api_key: null                  # or a string (printable ASCII), $FLEETLLM_API_KEY, {secretKeyRef: {name, key}}
     ingress: auto                  # direct (the model replica serves HTTP) | separate (OpenAIIngress) | auto
+    http: auto                     # replica (it listens on host:port itself, no Serve proxy) | proxy | auto
     models:
       - model_id: smollm2
         source: smollm2-135m-instruct
@@ -29,6 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from fleetllm import sizing
 from fleetllm.errors import SpecError
 from fleetllm.secrets import API_KEY_ENV, SecretRef, check_api_key
+from fleetllm.serve.replica_http import HttpMode, choose_http
 from fleetllm.spec import ClusterSpec, EnvironmentSpec, StrictModel, load_yaml, parse_spec
 
 log = logging.getLogger("fleetllm.serve")
@@ -182,6 +184,11 @@ class ServeSpec(StrictModel):
         "ingress process per streamed message; one model with the default routing only), separate (an "
         "OpenAIIngress deployment in front, routing by `model`; needed for several models or prefix_affinity), "
         "or auto: direct where it applies, else separate.")
+    http: HttpMode = Field(
+        "auto", description="Who listens on host:port: replica (the one model replica itself, as `vllm serve`'s API "
+        "process does: no Serve proxy hop per streamed message; the direct path, one fixed replica, a Ray started "
+        "by `fleetllm serve`), proxy (Ray Serve's HTTP proxy), or auto: replica where it applies "
+        "(fleetllm.serve.replica_http).")
     models: list[ServeModelSpec] = Field(..., min_length=1, description="The models served, routed by `model`.")
     cluster: ClusterSpec = Field(default_factory=ClusterSpec, description="Which Ray cluster.")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec,
@@ -195,7 +202,8 @@ class ServeSpec(StrictModel):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"models: model_id {dup} appears more than once; give each model its own id")
-        choose_ingress(self.ingress, self.models)
+        path, _ = choose_ingress(self.ingress, self.models)
+        choose_http(self.http, path, self.models, ray_here=True)  # where Ray runs is known only at start
         return self
 
     @field_validator("api_key")

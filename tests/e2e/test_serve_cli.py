@@ -40,6 +40,16 @@ def test_model_may_be_omitted_when_one_model_is_served(served):
     assert r.status_code == 200 and r.json()["model"] == "smollm2" and "Paris" in r.text
 
 
+def test_the_model_replica_itself_listens_on_the_apps_port(served):
+    import psutil
+
+    # http: auto on one replica and a Ray started by `fleetllm serve`: the replica, not Serve's proxy, listens
+    assert "http: replica: the model replica listens on the app's address itself" in served.log()
+    (pid,) = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+              and c.laddr.port == served.port}
+    assert psutil.Process(pid).name().startswith("ray::ServeRepli"), psutil.Process(pid).cmdline()
+
+
 def test_sigterm_shuts_down_cleanly(served):
     assert served.stop() == 0
     assert "shutting down" in served.log()

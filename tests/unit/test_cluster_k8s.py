@@ -369,3 +369,11 @@ def test_every_object_and_pod_carries_kubernetes_recommended_labels(tmp_path):
             assert labels["app.kubernetes.io/version"] == fleetllm.__version__
             assert labels["app.kubernetes.io/component"] in ("job", "serve")
             assert not [k for k in labels if k.startswith("fleetllm.io/")], labels
+
+
+def test_render_refuses_a_replica_listening_itself_which_a_rayservice_cannot_give(tmp_path):
+    path = tmp_path / "serve.yaml"
+    one = {"model_id": "smollm2", "source": "smollm2-135m-instruct", "replicas": 1}
+    path.write_text(yaml.safe_dump({**copy.deepcopy(SERVE), "http": "replica", "models": [one]}))
+    with pytest.raises(SpecError, match="http: replica needs a Ray started by `fleetllm serve`"):
+        render_spec_file(path, OPTS)

@@ -46,9 +46,13 @@ class LLMServer:
 
         from fleetllm.serve.backend import ModelServer
 
-        self.server = ModelServer(_config(llm_config))
+        from fleetllm.serve.direct import queues_itself
+
+        cfg = _config(llm_config)
+        self.server = ModelServer(cfg)
         self.server.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
+        if not queues_itself(cfg):  # several replicas: vLLM's metrics merged across them by /metrics (one replica
+            self.server.publish_metrics()  # answers the ingress's stats call with its own, live)
 
     @classmethod
     def get_deployment_options(cls, llm_config: Any) -> dict[str, Any]:

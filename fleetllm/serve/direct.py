@@ -99,7 +99,8 @@ def direct_deployment():
             cfg = LLMConfig.model_validate(config)
             self.server = ModelServer(cfg)
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
-            self.server.publish_metrics()  # vLLM's metrics, merged across replicas by /metrics
+            if not queues_itself(cfg):  # several replicas: vLLM's metrics merged across them by /metrics (one
+                self.server.publish_metrics()  # replica answers its own live: no snapshot every 2 s on its loop)
             self.server.stream_budget = cfg.stream_budget(direct=True)
             ongoing, queued = replica_limits(cfg)
             self.backend = DirectBackend(self.server, ongoing, queued, retry_after_s)

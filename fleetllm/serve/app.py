@@ -43,6 +43,8 @@ def build_openai_app(builder_config: dict[str, Any]):
             routing, its replicas answering HTTP themselves; else an OpenAIIngress deployment in front),
             "batch_store": a folder or object-store URL: serve /v1/files and /v1/batches over it (the batches
             run where a fleetllm.batch.api_service.BatchService runs, as `fleetllm serve` starts one),
+            "listen": {"host", "port"}: on the direct path with one replica, that replica answers HTTP there itself
+            (fleetllm.serve.replica_http; `fleetllm serve`'s `http: replica`),
             "router_cls": Ray's PrefixCacheAffinityRouter (class or import path): `routing: prefix_affinity` for
             every model, "router_config": that router's keyword arguments (imbalanced_threshold, ...)}.
 
@@ -68,7 +70,7 @@ def build_openai_app(builder_config: dict[str, Any]):
             name=deployment_name(cfg.model_id),
             backpressure_config=BackpressureConfig(status_code=429, retry_after_s=RETRY_AFTER_S),
             **direct_options(cfg)).bind(cfg.model_dump(), builder_config.get("api_key"), RETRY_AFTER_S,
-                                        batch_store)
+                                        batch_store, builder_config.get("listen"))
     return _separate_app(configs, router_kwargs, builder_config.get("api_key"), batch_store)
 
 
@@ -84,7 +86,7 @@ def _read_builder_config(builder_config: dict[str, Any]) -> tuple[dict[str, Any]
         router_kwargs = builder_router(builder_config)  # Ray's router_cls / router_config
     except ValueError as exc:
         raise SpecError(str(exc)) from None
-    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store"})
+    unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store", "listen"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
                         "ingress, batch_store, router_cls, router_config)")

@@ -95,7 +95,7 @@ def direct_deployment():
         """One replica of the one model, answering the OpenAI API itself."""
 
         def __init__(self, config: dict[str, Any], api_key: str | None = None, retry_after_s: float = 1.0,
-                     batch_store: str | None = None) -> None:
+                     batch_store: str | None = None, listen: dict[str, Any] | None = None) -> None:
             cfg = LLMConfig.model_validate(config)
             self.server = ModelServer(cfg)
             self.server.replica_id = serve.get_replica_context().replica_id.unique_id
@@ -104,11 +104,19 @@ def direct_deployment():
             self.server.stream_budget = cfg.stream_budget(direct=True)
             ongoing, queued = replica_limits(cfg)
             self.backend = DirectBackend(self.server, ongoing, queued, retry_after_s)
-            self.api_key = api_key
-            self.batch_store = batch_store
+            self.api = make_api({self.server.model_id: self.backend}, api_key=api_key, batch_store=batch_store)
+            self.listener = None
+            if listen:  # http: replica: this replica answers host:port itself (fleetllm.serve.replica_http)
+                from fleetllm.serve.replica_http import Listener
+
+                self.listener = Listener(self.api, listen["host"], int(listen["port"]))
 
         async def __serve_build_asgi_app__(self):
-            return make_api({self.server.model_id: self.backend}, api_key=self.api_key, batch_store=self.batch_store)
+            return self.api
+
+        def __del__(self) -> None:  # Ray Serve's graceful stop: the replica's own server stops taking requests
+            if getattr(self, "listener", None) is not None:
+                self.listener.stop()
 
         def check_health(self) -> None:  # Ray Serve restarts a replica whose engine died
             if not self.server.healthy():

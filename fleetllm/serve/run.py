@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from typing import Any
 
 from fleetllm.engines.capabilities import engine_label
 from fleetllm.errors import PlanError
-from fleetllm.serve.replica_http import choose_http, free_port, replica_env
+from fleetllm.serve.replica_http import choose_http, free_port
 from fleetllm.serve.spec import ServeSpec, choose_ingress
 
 
@@ -98,29 +97,14 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
     http, _ = http_choice(spec)
     if not ray.is_initialized():
         address = spec.cluster.address or os.environ.get("RAY_ADDRESS") or "local"
-        with environment(replica_env(port) if http == "replica" else {}):  # Ray's processes start with it
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, **(ray_init_kwargs or {}))
     # http: replica: the replica listens on `port`; the proxy Serve starts anyway gets a free port of its own
     serve.start(http_options={"host": host, "port": free_port(host) if http == "replica" else port})
+    listen = {"host": host, "port": port} if http == "replica" else None
     app = build_openai_app({"llm_configs": spec.llm_configs(), "api_key": spec.effective_api_key(),
-                            "ingress": spec.ingress, "batch_store": spec.batch_store_url()})
+                            "ingress": spec.ingress, "batch_store": spec.batch_store_url(), "listen": listen})
     serve.run(app, name=spec.name, route_prefix="/", blocking=False)
     return f"http://{host}:{port}/v1"
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]):
-    """os.environ with `values` set inside the block, as it was after it."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def stop_serve(shutdown_ray: bool = True) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetllm.serve.replica_http import choose_http, free_port, replica_env
+from fleetllm.serve.replica_http import bind, choose_http, free_port
 from fleetllm.serve.spec import ServeSpec
 
 ONE = {"name": "x", "models": [{"model_id": "a"}]}
@@ -35,10 +35,21 @@ def test_replica_is_refused_where_it_cannot_apply_naming_why():
         http_choice(spec)
 
 
-def test_the_replicas_environment_narrows_the_port_range_to_the_apps_port():
-    env = replica_env(8000)
-    assert env["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1" and env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
-    # Serve's allocator hands out range(MIN, MAX): exactly the app's port
-    assert list(range(int(env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]),
-                      int(env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]))) == [8000]
+def test_the_replicas_socket_takes_a_port_left_in_time_wait_at_once():
+    """A replica started again after its engine died binds the port its predecessor's connections still hold in
+    TIME_WAIT (SO_REUSEADDR, as uvicorn's own socket); a port another socket listens on is refused, naming it."""
+    import socket
+
+    first = bind("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    first.setblocking(True)
+    accepted, _ = first.accept()
+    accepted.close()  # the server closes first: its side waits in TIME_WAIT
+    first.close()
+    client.close()
+    again = bind("127.0.0.1", port, wait_s=0)
+    with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}.*http: proxy"):
+        bind("127.0.0.1", port, wait_s=0)
+    again.close()
     assert 0 < free_port("127.0.0.1") < 65536

@@ -94,7 +94,8 @@ class ServeProcess:
         self._log.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            with socket.socket() as sock:
+            with socket.socket() as sock:  # free as `fleetllm serve` checks it: nothing listening (TIME_WAIT is fine)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind(("127.0.0.1", self.port))
                     return

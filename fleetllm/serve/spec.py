@@ -275,7 +275,8 @@ GPU_STREAM_MESSAGES_PER_S = 2000.0
 # A GPU replica's on the direct path (the replica is the ingress): no ingress process and one Ray hop less;
 # what remains per message is the replica's SSE chunk and the HTTP proxy (~0.15 ms a message on a server
 # core, and Serve merges a request's queued ASGI messages when the proxy lags): 6,000 a second keeps one
-# message per token up to ~36 streams at 6 ms steps (benchmarks/NOTES-serve.md, change 8).
+# message per token up to ~36 streams at 6 ms steps (benchmarks/NOTES-serve.md, change 8). With `http: replica`
+# (fleetllm.serve.replica_http) no proxy carries them: the budget then only bounds the replica's own loop.
 GPU_DIRECT_STREAM_MESSAGES_PER_S = 6000.0
 
 DEPLOYMENT_KEYS = {"num_replicas", "autoscaling_config", "max_ongoing_requests", "max_queued_requests",

@@ -8,8 +8,10 @@ STOP_RESERVE_S = 25.0  # stopping the servers at the end
 
 # Tweaks a variant may name after its ingress (`direct+thread`), to A/B where a streamed token waits
 # (benchmarks/NOTES-serve.md): environment of the replica process (TWEAKS), or serve.yaml fields (SPEC_TWEAKS).
-# Since 2026-12-07 one replica answers HTTP itself (serve.yaml `http: auto` -> replica: Ray Serve's direct ingress
-# on the app's port, user code on the replica's main loop) and vLLM's client runs on its serving loop.
+# Since 2026-12-07 one replica answers HTTP itself (serve.yaml `http: auto` -> replica: a uvicorn server of
+# fleetllm's own in the replica, fleetllm.serve.replica_http) and vLLM's client runs on its serving loop.
+# samethread: with `http: replica` the replica's uvicorn would then run on its main thread and take SIGINT/SIGTERM
+# there (uvicorn captures signals on the main thread): pair it with +proxy.
 TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
           "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"},  # the GIL handed between threads every 0.5 ms
           "thread": {"FLEETLLM_VLLM_LOOP": "thread"},  # vLLM's client on its own loop thread (before 2026-12-07)
@@ -17,16 +19,20 @@ TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
 SPEC_TWEAKS = {"proxy": {"http": "proxy"}}
 
 
+def _tweaked(table: dict[str, dict], name: str) -> dict:
+    """What the tweaks a server name carries (`fleetllm-direct-proxy`: proxy) set, from `table`."""
+    return {k: v for tweak, values in table.items() if name.endswith(f"-{tweak}") or f"-{tweak}-" in name
+            for k, v in values.items()}
+
+
 def variant_spec(name: str) -> dict:
     """serve.yaml fields a variant's tweaks set (server name `fleetllm-direct-proxy` -> {"http": "proxy"})."""
-    return {k: v for tweak, fields in SPEC_TWEAKS.items() if name.endswith(f"-{tweak}") or f"-{tweak}-" in name
-            for k, v in fields.items()}
+    return _tweaked(SPEC_TWEAKS, name)
 
 
 def variant_env(name: str) -> dict[str, str]:
     """The environment a variant's tweaks add (server name `fleetllm-direct-samethread` -> its variables)."""
-    return {k: v for tweak, env in TWEAKS.items() if name.endswith(f"-{tweak}") or f"-{tweak}-" in name
-            for k, v in env.items()}
+    return _tweaked(TWEAKS, name)
 
 
 def fleet_variants(text: str, default_budget: float | None) -> list[tuple[str, str, float | None]]:

@@ -89,7 +89,7 @@ def _read_builder_config(builder_config: dict[str, Any]) -> tuple[dict[str, Any]
     unknown = sorted(set(builder_config) - {"llm_configs", "api_key", "ingress", "batch_store", "listen"})
     if unknown:
         raise SpecError(f"build_openai_app: unknown keys {unknown}; give llm_configs (and optionally api_key, "
-                        "ingress, batch_store, router_cls, router_config)")
+                        "ingress, batch_store, listen, router_cls, router_config)")
     if builder_config.get("api_key") is not None:  # refused at start, not a 401 to every client
         try:
             check_api_key(builder_config["api_key"], "build_openai_app: api_key")

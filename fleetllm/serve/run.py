@@ -92,7 +92,7 @@ def run_serve(spec: ServeSpec, host: str | None = None, port: int | None = None,
     port = port or spec.port
     check_port_free(host, port)
     spec.environment.check_local()
-    if not (ray.is_initialized() or spec.cluster.address or os.environ.get("RAY_ADDRESS")):
+    if ray_started_here(spec):
         spec.environment.check_refs_set()  # a local Ray: Secret references must be set here
     http, _ = http_choice(spec)
     if not ray.is_initialized():

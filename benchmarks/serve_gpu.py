@@ -164,8 +164,9 @@ def compare(args) -> None:
     models = make_models(args.tokenizer_dir, Path(args.models_dir).expanduser())
     model = models[args.shape]
     on_gpu = shutil.which("nvidia-smi") is not None
-    kwargs = {"load_format": "dummy", **({"gpu_memory_utilization": args.gpu_mem} if on_gpu else {}),
-              **json.loads(args.engine_kwargs)}
+    # on a CPU vLLM reads gpu_memory_utilization as the share of RAM for the KV cache: `vllm serve`'s 0.92
+    # default leaves no room for a second server
+    kwargs = {"load_format": "dummy", "gpu_memory_utilization": args.gpu_mem, **json.loads(args.engine_kwargs)}
     env = bench_env()
     work = out.parent / (out.stem + "-logs")
     work.mkdir(parents=True, exist_ok=True)

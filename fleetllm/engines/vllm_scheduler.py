@@ -74,16 +74,14 @@ def mixed_step(base: type) -> type:
             self.fleetllm_full_budget = self.max_num_scheduled_tokens
             self.fleetllm_mixed_budget = min(int(os.environ.get(ENV) or self.max_num_scheduled_tokens),
                                              self.max_num_scheduled_tokens)
-            self.fleetllm_seen = [float("-inf"), float("-inf")]  # when an interactive / a batch request was seen
+            self.fleetllm_seen = [float("-inf"), float("-inf")]  # when each kind was last in the engine
             self.fleetllm_ids: tuple[dict, dict] = ({}, {})  # each kind's requests added, oldest first
             self.fleetllm_period = [False, 0, 0]  # this run of steps: mixed?, steps, largest step's tokens
             self.fleetllm_hold_s = float(os.environ.get(HOLD_ENV) or HOLD_S)
 
         def add_request(self, request: Any) -> None:
-            kind = int(request.priority > 0)
-            self.fleetllm_seen[kind] = time.monotonic()
             if request.request_id not in self.requests:  # (else a streamed input's next chunk)
-                self.fleetllm_ids[kind][request.request_id] = None
+                self.fleetllm_ids[int(request.priority > 0)][request.request_id] = None
             super().add_request(request)
 
         def fleetllm_present(self, kind: int) -> bool:

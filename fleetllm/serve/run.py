@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 from fleetllm.engines.capabilities import engine_label
 from fleetllm.errors import PlanError
-from fleetllm.serve.replica_http import choose_http, free_port
+from fleetllm.serve.replica_http import bind, choose_http, free_port
 from fleetllm.serve.spec import ServeSpec, choose_ingress
 
 
@@ -45,13 +44,11 @@ def http_line(spec: ServeSpec, choice: tuple[str, str] | None = None) -> str:
 
 
 def check_port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise PlanError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another port with --port "
-                            "or stop what uses it") from None
+    try:
+        bind(host, port, wait_s=0).close()
+    except OSError as exc:
+        raise PlanError(f"cannot listen on {host}:{port} ({os.strerror(exc.errno)}); pick another port with --port "
+                        "or stop what uses it") from None
 
 
 def plan_lines(spec: ServeSpec, host: str, port: int) -> list[str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,11 +13,13 @@ from typing import Any
 
 import yaml
 
+from fleetllm.serve.replica_http import bind
+from fleetllm.serve.replica_http import free_port as free_port_at
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on at 127.0.0.1 now."""
+    return free_port_at("127.0.0.1")
 
 
 class ServeProcess:
@@ -92,15 +94,8 @@ class ServeProcess:
                     pass
             self.proc.wait()
         self._log.close()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:  # free as `fleetllm serve` checks it: nothing listening (TIME_WAIT is fine)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", self.port))
-                    return
-                except OSError:
-                    time.sleep(0.5)
+        with contextlib.suppress(OSError):  # free as `fleetllm serve` checks it: nothing listening (TIME_WAIT is fine)
+            bind("127.0.0.1", self.port, wait_s=60).close()
 
     def __enter__(self) -> "ServeProcess":
         return self.start()

@@ -19,7 +19,8 @@ from fleetllm.engines.vllm_scheduler import HOLD_ENV, apply
 pytestmark = pytest.mark.vllm
 
 FULL, MIXED = 512, 64  # max_num_batched_tokens, mixed_step_tokens
-PERIOD = re.compile(r"fleetllm mixed step: (\d+) steps with (.+?) at a budget of (\d+) tokens, the largest (\d+)")
+PERIOD = re.compile(r"fleetllm mixed step: (\d+) steps with (.+?) at a budget of (\d+) tokens, the largest (\d+); "
+                    r"(\d+) tokens a step, one every ([\d.]+) ms \(p99 ([\d.]+) ms\)")
 
 
 def main(model: str) -> None:
@@ -50,8 +51,9 @@ def phases(embedded_model):
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     found = PERIOD.findall(proc.stdout + proc.stderr)
-    periods = [(kind, int(budget), int(largest)) for _, kind, budget, largest in found]
-    return {**json.loads(lines[-1].removeprefix("RESULT ")), "periods": periods}
+    periods = [(kind, int(budget), int(largest)) for _, kind, budget, largest, *_ in found]
+    timing = [(int(steps), int(mean), float(median), float(p99)) for steps, _, _, _, mean, median, p99 in found]
+    return {**json.loads(lines[-1].removeprefix("RESULT ")), "periods": periods, "timing": timing}
 
 
 def test_steps_are_small_only_while_interactive_requests_and_batch_rows_share_the_engine(phases):
@@ -67,6 +69,11 @@ def test_steps_are_small_only_while_interactive_requests_and_batch_rows_share_th
     assert runs == [(one, FULL), (both, MIXED), (one, FULL), (both, MIXED)], phases
     (_, _, alone), (_, _, mixed), (_, _, batch), (_, _, mixed_again) = phases["periods"]
     assert alone > MIXED and batch > MIXED and mixed == mixed_again == MIXED, phases
+    # each run's mean step and step period (schedule to schedule): a decode-heavy run's mean is small, no mean
+    # passes its run's largest step, and a run of several steps took time between them
+    for (steps, mean, median, p99), (_, _, largest) in zip(phases["timing"], phases["periods"]):
+        assert 1 <= mean <= largest and 0 <= median <= p99, phases
+        assert steps == 1 or p99 > 0, phases
 
 
 def test_a_bad_mixed_step_budget_is_refused_naming_the_fix():

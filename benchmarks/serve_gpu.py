@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,8 +43,8 @@ from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
 from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_for,  # noqa: E402
                              variant_env, variant_spec)
-from serve_servers import Server, bench_env, fleetllm_serve, vllm_serve  # noqa: E402
-from stream_trace_report import load as load_trace, summarize as trace_summary  # noqa: E402
+from serve_servers import Server, bench_env, fleetllm_serve, spy_on_replica, vllm_serve  # noqa: E402
+from stream_trace_report import load as load_trace, loop_summary, summarize as trace_summary  # noqa: E402
 
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "max_concurrent_requests")
@@ -210,6 +211,8 @@ def compare(args) -> None:
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
                                   value if kind == "rate" else None, prompts)
                 t0, m0 = time.time(), time.monotonic()
+                spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s) if (
+                    args.py_spy and rnd == 0 and s.name != "vllm" and value == args.py_spy_at) else None
                 try:
                     result, dropped = run_bench(argv)
                     res = summarize(result)
@@ -217,11 +220,15 @@ def compare(args) -> None:
                 except Exception as exc:  # noqa: BLE001 - recorded; the next run goes on
                     res = {"error": f"{type(exc).__name__}: {exc}", "server_log_tail": s.tail(1500)}
                 t1 = time.time()
+                if spy is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        spy.wait(timeout=args.py_spy_s + 30)
                 durations[key] = t1 - t0
                 run = {"server": s.name, "round": rnd + 1, kind: value, "prompts": prompts, "wall_s": round(t1 - t0, 1),
                        **res, **{k: v for k, v in sampler.window(t0, t1).items() if not k.endswith("_trace")}}
                 if s.name in traces:  # the replica's own view of this run's streams (stream_trace_report.py)
                     run["replica_trace"] = trace_summary(load_trace(traces[s.name], m0, time.monotonic()))
+                    run["replica_loop"] = loop_summary(traces[s.name], m0, time.monotonic())
                 doc["runs"].append(run)
                 save(doc, out)
                 print(f"round {rnd + 1} {s.name:18s} {kind}={value:<6g} {run.get('output_throughput') or 0:9.1f} tok/s  "
@@ -233,6 +240,10 @@ def compare(args) -> None:
                     print(f"    replica: engine gap p99 {t['engine_gap_p99_ms']} ms, out gap p99 "
                           f"{t['out_gap_p99_ms']} ms, engine->loop p99 {t['engine_to_loop_p99_ms']} ms, "
                           f"loop->out p99 {t['loop_to_out_p99_ms']} ms", flush=True)
+                    w = run["replica_loop"]
+                    print(f"    loop: {w['loop_stalls']} stalls >= 5 ms ({w['loop_stalls_over_15ms']} over 15, max "
+                          f"{w['loop_stall_max_ms']} ms), {w['gc_pauses']} collections >= 0.5 ms ({w['gc_gen2']} "
+                          f"full, max {w['gc_max_ms']} ms)", flush=True)
     finally:
         for s in reversed(servers):
             s.stop()
@@ -331,6 +342,11 @@ def main() -> None:
     c.add_argument("--no-vllm", action="store_true", help="fleetllm variants only (an A/B of fleetllm settings)")
     c.add_argument("--trace", default=None, help="a folder: fleetllm servers write per-token timestamps there "
                    "(FLEETLLM_STREAM_TRACE) and each run keeps the replica's gaps (replica_trace)")
+    c.add_argument("--py-spy", default=None, help="a folder: py-spy records the fleetllm replica during round 1's "
+                   "run at --py-spy-at (one fleetllm server)")
+    c.add_argument("--py-spy-at", type=float, default=32, help="the level (concurrency or rate) py-spy records")
+    c.add_argument("--py-spy-s", type=float, default=12, help="seconds py-spy records from the run's start (idle "
+                   "samples dropped)")
     c.add_argument("--fleet-budget", type=float, default=None, help="fleetllm's stream_messages_per_s (default: its own)")
     r.add_argument("--gpu-mem", type=float, default=0.45, help="gpu_memory_utilization of each replica")
     r.add_argument("--kv-cache-gib", type=float, default=32, help="each replica's KV cache on a GPU (fixed, so the "

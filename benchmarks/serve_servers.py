@@ -116,3 +116,21 @@ def fleetllm_serve(model: str, port: int, kwargs: dict, env: dict, work: Path, n
 def bench_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "TOKENIZERS_PARALLELISM": "false", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"}
+
+
+def spy_on_replica(folder: str, name: str, seconds: float) -> subprocess.Popen | None:
+    """py-spy recording this machine's one Ray Serve replica process (every thread, without pausing it) for
+    `seconds`: collapsed stacks to folder/pyspy-NAME.txt. None, with why, where py-spy or one replica is missing
+    (on the GPU machine py-spy comes from .gpu/r's wheel, installed to $HOME/site by device-setup.sh)."""
+    import shutil
+
+    exe = shutil.which("py-spy") or str(Path.home() / "site" / "bin" / "py-spy")
+    pids = subprocess.run(["pgrep", "-f", "ServeReplica"], capture_output=True, text=True).stdout.split()
+    if not Path(exe).exists() or len(pids) != 1:
+        print(f"py-spy: not recorded ({exe} exists: {Path(exe).exists()}; replica processes: {pids})", flush=True)
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = Path(folder) / f"pyspy-{name}.txt"
+    return subprocess.Popen([exe, "record", "--pid", pids[0], "--duration", str(max(1, int(seconds))), "--rate",
+                             "250", "--nonblocking", "--threads", "--format", "raw", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,6 +10,8 @@ Per stream, from the replica's own clock (time.monotonic, shared by every proces
   merging, and the serving loop's other work)
 Set beside the client's ITL: a p99 gap the client sees and `out` does not is added after ModelServer (the
 SSE writer, Ray Serve, the HTTP proxy); one `out` shows and `engine` does not is added in the replica.
+And from the replica's loop-trace files (LoopWatch): the serving loop's stalls of 5 ms or more and the garbage
+collections of 0.5 ms or more in the window (a stall the collections do not explain was other work on the loop).
 """
 
 from __future__ import annotations
@@ -75,6 +77,26 @@ def summarize(streams: list[dict]) -> dict:
     return row
 
 
+def loop_summary(folder: str | Path, start: float | None = None, end: float | None = None) -> dict:
+    """The serving loops' stalls and the garbage collections that began within [start, end] (monotonic s), in ms."""
+    stalls, pauses = [], []
+    for path in sorted(Path(folder).glob("loop-trace-*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a killed server
+                continue
+            inside = lambda t: (start is None or t >= start) and (end is None or t <= end)  # noqa: E731
+            stalls += [ms for t, ms in rec.get("stalls", []) if inside(t)]
+            pauses += [(gen, ms) for t, gen, ms in rec.get("gc", []) if inside(t)]
+    gc_ms = [ms for _, ms in pauses]
+    return {"loop_stalls": len(stalls), "loop_stall_p50_ms": pct(stalls, 50),
+            "loop_stall_max_ms": max(stalls, default=None),
+            "loop_stalled_ms": round(sum(stalls), 1), "loop_stalls_over_15ms": sum(1 for ms in stalls if ms > 15),
+            "gc_pauses": len(pauses), "gc_max_ms": max(gc_ms, default=None), "gc_ms": round(sum(gc_ms), 1),
+            "gc_gen2": sum(1 for gen, _ in pauses if gen == 2)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder")
@@ -82,7 +104,7 @@ def main() -> None:
     p.add_argument("--to", dest="end", type=float, default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    row = summarize(load(a.folder, a.start, a.end))
+    row = {**summarize(load(a.folder, a.start, a.end)), **loop_summary(a.folder, a.start, a.end)}
     for k, v in row.items():
         print(f"{k:28s} {v}")
     if a.json:

@@ -1,0 +1,50 @@
+"""LoopWatch (fleetllm.serve.stream_trace): a serving loop's stalls and the process's garbage collections, written to
+the trace folder and summed by benchmarks/stream_trace_report.py's loop_summary."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.util
+import time
+from pathlib import Path
+
+from fleetllm.serve.stream_trace import LoopWatch
+
+
+def report_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_trace_report.py"
+    spec = importlib.util.spec_from_file_location("stream_trace_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_blocked_loop_and_a_full_collection_are_recorded_and_summed(tmp_path):
+    async def scenario() -> tuple[float, float]:
+        task = LoopWatch(str(tmp_path)).start(asyncio.get_running_loop())
+        await asyncio.sleep(0.05)  # the watch runs: no stall while the loop is free
+        began = time.monotonic()
+        time.sleep(0.04)  # work that holds the loop: one stall of ~40 ms
+        await asyncio.sleep(0.02)
+        cycles = []
+        for _ in range(200_000):  # garbage in cycles: a full collection has work to do
+            a: list = []
+            a.append(a)
+            cycles.append(a)
+        del cycles
+        gc.collect()
+        await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # cancelled: it flushes what it holds
+        return began, time.monotonic()
+
+    began, ended = asyncio.run(scenario())
+    files = list(tmp_path.glob("loop-trace-*.jsonl"))
+    assert len(files) == 1
+    row = report_module().loop_summary(tmp_path, began - 0.01, ended)
+    assert row["loop_stalls"] >= 1 and 30 <= row["loop_stall_max_ms"] <= 1000, row
+    assert row["loop_stalls_over_15ms"] >= 1 and row["gc_pauses"] >= 1 and row["gc_gen2"] >= 1, row
+    assert report_module().loop_summary(tmp_path, ended + 1, None)["loop_stalls"] == 0  # outside the window
+    assert LoopWatch(str(tmp_path)).on_gc not in gc.callbacks and not any(
+        getattr(cb, "__self__", None).__class__ is LoopWatch for cb in gc.callbacks)  # its callback left with it

@@ -211,7 +211,7 @@ def compare(args) -> None:
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
                                   value if kind == "rate" else None, prompts)
                 t0, m0 = time.time(), time.monotonic()
-                spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s) if (
+                spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s, s.proc.pid) if (
                     args.py_spy and rnd == 0 and s.name != "vllm" and value == args.py_spy_at) else None
                 try:
                     result, dropped = run_bench(argv)

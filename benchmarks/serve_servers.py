@@ -118,19 +118,40 @@ def bench_env() -> dict:
             "TOKENIZERS_PARALLELISM": "false", "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"}
 
 
-def spy_on_replica(folder: str, name: str, seconds: float) -> subprocess.Popen | None:
-    """py-spy recording this machine's one Ray Serve replica process (every thread, without pausing it) for
+def replica_pids(root: int) -> list[int]:
+    """The Ray Serve replica processes under process `root` (a `fleetllm serve` starts its own Ray: its raylet,
+    and the replica worker under it, descend from it)."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            parent[int(stat.parent.name)] = int(text[text.rindex(")") + 2:].split()[1])
+    out = []
+    for pid in parent:
+        with contextlib.suppress(OSError):
+            if b"ServeReplica" not in (Path("/proc") / str(pid) / "cmdline").read_bytes():
+                continue
+            p = pid
+            while p in parent and p not in (root, 0, 1):
+                p = parent[p]
+            if p == root:
+                out.append(pid)
+    return out
+
+
+def spy_on_replica(folder: str, name: str, seconds: float, root: int) -> subprocess.Popen | None:
+    """py-spy recording the Ray Serve replica process under process `root` (every thread, without pausing it) for
     `seconds`: collapsed stacks to folder/pyspy-NAME.txt. None, with why, where py-spy or one replica is missing
     (on the GPU machine py-spy comes from .gpu/r's wheel, installed to $HOME/site by device-setup.sh)."""
     import shutil
 
     exe = shutil.which("py-spy") or str(Path.home() / "site" / "bin" / "py-spy")
-    pids = subprocess.run(["pgrep", "-f", "ServeReplica"], capture_output=True, text=True).stdout.split()
+    pids = replica_pids(root)
     if not Path(exe).exists() or len(pids) != 1:
         print(f"py-spy: not recorded ({exe} exists: {Path(exe).exists()}; replica processes: {pids})", flush=True)
         return None
     Path(folder).mkdir(parents=True, exist_ok=True)
     out = Path(folder) / f"pyspy-{name}.txt"
-    return subprocess.Popen([exe, "record", "--pid", pids[0], "--duration", str(max(1, int(seconds))), "--rate",
+    return subprocess.Popen([exe, "record", "--pid", str(pids[0]), "--duration", str(max(1, int(seconds))), "--rate",
                              "250", "--nonblocking", "--threads", "--format", "raw", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -43,7 +43,8 @@ from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
 from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_for,  # noqa: E402
                              variant_env, variant_spec)
-from serve_servers import Server, bench_env, fleetllm_serve, spy_on_replica, vllm_serve  # noqa: E402
+from serve_servers import (Server, bench_env, fleetllm_serve, spy_on_replica, step_counts,  # noqa: E402
+                           step_histogram, vllm_serve)
 from stream_trace_report import load as load_trace, loop_summary, summarize as trace_summary  # noqa: E402
 
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -210,6 +211,7 @@ def compare(args) -> None:
                 prompts = prompts_for(kind, value, args)
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
                                   value if kind == "rate" else None, prompts)
+                steps0 = step_histogram(s.url)  # vLLM's tokens a step, before and after (both servers report it)
                 t0, m0 = time.time(), time.monotonic()
                 spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s, s.proc.pid) if (
                     args.py_spy and rnd == 0 and s.name != "vllm" and value == args.py_spy_at) else None
@@ -220,12 +222,15 @@ def compare(args) -> None:
                 except Exception as exc:  # noqa: BLE001 - recorded; the next run goes on
                     res = {"error": f"{type(exc).__name__}: {exc}", "server_log_tail": s.tail(1500)}
                 t1 = time.time()
+                steps = step_counts(steps0, step_histogram(s.url))
                 if spy is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         spy.wait(timeout=args.py_spy_s + 30)
                 durations[key] = t1 - t0
                 run = {"server": s.name, "round": rnd + 1, kind: value, "prompts": prompts, "wall_s": round(t1 - t0, 1),
                        **res, **{k: v for k, v in sampler.window(t0, t1).items() if not k.endswith("_trace")}}
+                if steps is not None:  # how prefills were grouped into engine steps (a long step is a long gap)
+                    run["engine_steps"] = steps
                 if s.name in traces:  # the replica's own view of this run's streams (stream_trace_report.py)
                     run["replica_trace"] = trace_summary(load_trace(traces[s.name], m0, time.monotonic()))
                     run["replica_loop"] = loop_summary(traces[s.name], m0, time.monotonic())
@@ -235,6 +240,9 @@ def compare(args) -> None:
                       f"TTFT p50 {run.get('median_ttft_ms')} ms  ITL p50 {run.get('median_itl_ms')} ms  "
                       f"ITL p99 {run.get('p99_itl_ms')} ms  tok/chunk {run.get('tokens_per_chunk')}  "
                       f"GPU {run.get('gpu_busy')}  ({run['wall_s']} s)", flush=True)
+                if steps is not None:
+                    print("    engine steps by tokens: " + ", ".join(f"{k} {v}" for k, v in steps.items() if v),
+                          flush=True)
                 if "replica_trace" in run:
                     t = run["replica_trace"]
                     print(f"    replica: engine gap p99 {t['engine_gap_p99_ms']} ms, out gap p99 "

@@ -155,3 +155,37 @@ def spy_on_replica(folder: str, name: str, seconds: float, root: int) -> subproc
     return subprocess.Popen([exe, "record", "--pid", str(pids[0]), "--duration", str(max(1, int(seconds))), "--rate",
                              "250", "--nonblocking", "--threads", "--format", "raw", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def step_histogram(url: str) -> dict[float, float] | None:
+    """vLLM's tokens-per-engine-step histogram from a server's /metrics (`vllm:iteration_tokens_total`, summed over
+    its labels): cumulative counts by upper bound. `vllm serve` and fleetllm's /metrics (vLLM's names passed on)
+    both carry it; None where a server has none or does not answer."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    out: dict[float, float] = {}
+    for fam in text_string_to_metric_families(response.text):
+        for s in fam.samples:
+            if s.name == "vllm:iteration_tokens_total_bucket":
+                le = float(s.labels["le"])
+                out[le] = out.get(le, 0.0) + s.value
+    return out or None
+
+
+def step_counts(before: dict | None, after: dict | None) -> dict[str, int] | None:
+    """The engine steps between two step_histogram reads, by tokens carried: {"<=8": n, "9-16": n, ...}."""
+    if not before or not after:
+        return None
+    out, below, low = {}, 0.0, 0
+    for le in sorted(after):
+        cum = after[le] - before.get(le, 0.0)
+        label = f"<={le:g}" if low == 0 else (f"{low}-{le:g}" if le != float("inf") else f">{low - 1}")
+        out[label] = int(round(cum - below))
+        below, low = cum, int(le) + 1 if le != float("inf") else low
+    return out

@@ -21,21 +21,20 @@ import json
 from pathlib import Path
 
 
-def load(folder: str | Path, start: float | None = None, end: float | None = None) -> list[dict]:
-    """Streams whose first delta reached the serving loop within [start, end] (monotonic seconds)."""
-    streams = []
-    for path in sorted(Path(folder).glob("stream-trace-*.jsonl")):
+def records(folder: str | Path, pattern: str):
+    """Each JSON line of the folder's files matching pattern (a line cut by a killed server skipped)."""
+    for path in sorted(Path(folder).glob(pattern)):
         for line in path.read_text().splitlines():
             try:
-                s = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a killed server
+                yield json.loads(line)
+            except json.JSONDecodeError:
                 continue
-            if not s.get("loop"):
-                continue
-            t = s["loop"][0]
-            if (start is None or t >= start) and (end is None or t <= end):
-                streams.append(s)
-    return streams
+
+
+def load(folder: str | Path, start: float | None = None, end: float | None = None) -> list[dict]:
+    """Streams whose first delta reached the serving loop within [start, end] (monotonic seconds)."""
+    return [s for s in records(folder, "stream-trace-*.jsonl")
+            if s.get("loop") and (start is None or s["loop"][0] >= start) and (end is None or s["loop"][0] <= end)]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -80,15 +79,10 @@ def summarize(streams: list[dict]) -> dict:
 def loop_summary(folder: str | Path, start: float | None = None, end: float | None = None) -> dict:
     """The serving loops' stalls and the garbage collections that began within [start, end] (monotonic s), in ms."""
     stalls, pauses = [], []
-    for path in sorted(Path(folder).glob("loop-trace-*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a killed server
-                continue
-            inside = lambda t: (start is None or t >= start) and (end is None or t <= end)  # noqa: E731
-            stalls += [ms for t, ms in rec.get("stalls", []) if inside(t)]
-            pauses += [(gen, ms) for t, gen, ms in rec.get("gc", []) if inside(t)]
+    inside = lambda t: (start is None or t >= start) and (end is None or t <= end)  # noqa: E731
+    for rec in records(folder, "loop-trace-*.jsonl"):
+        stalls += [ms for t, ms in rec.get("stalls", []) if inside(t)]
+        pauses += [(gen, ms) for t, gen, ms in rec.get("gc", []) if inside(t)]
     gc_ms = [ms for _, ms in pauses]
     return {"loop_stalls": len(stalls), "loop_stall_p50_ms": pct(stalls, 50),
             "loop_stall_max_ms": max(stalls, default=None),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -42,8 +43,13 @@ def test_a_blocked_loop_and_a_full_collection_are_recorded_and_summed(tmp_path):
     began, ended = asyncio.run(scenario())
     files = list(tmp_path.glob("loop-trace-*.jsonl"))
     assert len(files) == 1
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    stalls = [(t, ms) for r in records for t, ms in r["stalls"]]
+    # the 40 ms block: a stall whose sleep began just before it (the collection stalls the loop too, for as long
+    # as the process's heap takes: over a second in a whole-suite process)
+    assert any(began - 0.01 <= t <= began + 0.01 and ms >= 30 for t, ms in stalls), (began, stalls)
     row = report_module().loop_summary(tmp_path, began - 0.01, ended)
-    assert row["loop_stalls"] >= 1 and 30 <= row["loop_stall_max_ms"] <= 1000, row
+    assert row["loop_stalls"] >= 1 and row["loop_stall_max_ms"] >= 30, row
     assert row["loop_stalls_over_15ms"] >= 1 and row["gc_pauses"] >= 1 and row["gc_gen2"] >= 1, row
     assert report_module().loop_summary(tmp_path, ended + 1, None)["loop_stalls"] == 0  # outside the window
     assert LoopWatch(str(tmp_path)).on_gc not in gc.callbacks and not any(

@@ -182,10 +182,10 @@ def step_counts(before: dict | None, after: dict | None) -> dict[str, int] | Non
     """The engine steps between two step_histogram reads, by tokens carried: {"<=8": n, "9-16": n, ...}."""
     if not before or not after:
         return None
-    out, below, low = {}, 0.0, 0
+    out, below, prev = {}, 0.0, None
     for le in sorted(after):
         cum = after[le] - before.get(le, 0.0)
-        label = f"<={le:g}" if low == 0 else (f"{low}-{le:g}" if le != float("inf") else f">{low - 1}")
+        label = f"<={le:g}" if prev is None else (f">{prev:g}" if le == float("inf") else f"{prev + 1:g}-{le:g}")
         out[label] = int(round(cum - below))
-        below, low = cum, int(le) + 1 if le != float("inf") else low
+        below, prev = cum, le
     return out

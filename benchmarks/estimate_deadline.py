@@ -2,8 +2,9 @@
 
 1. `calibrate` the job (one replica, 1 torch thread, the tiny random-weight model, transformers);
 2. a local Ray cluster of --cpus logical CPUs (in this process);
-3. a deadline no replica count the cluster allows can meet: refused at plan time, with the figures;
-4. a deadline that needs more than one replica: the plan picks the fewest that meet it, the job runs,
+3. a first, smaller job on Ray (no deadline): its run adds a start on Ray to the profile;
+4. a deadline no replica count the cluster allows can meet: refused at plan time, with the figures;
+5. a deadline that needs more than one replica: the plan picks the fewest that meet it, the job runs,
    and the actual wall time is set beside the deadline.
 
     flock /tmp/fleetllm-heavy.lock python benchmarks/estimate_deadline.py [--rows 320] [--cpus 4]
@@ -27,6 +28,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=320)
     p.add_argument("--cpus", type=int, default=4, help="logical CPUs of the Ray cluster (1 per replica)")
+    p.add_argument("--first-rows", type=int, default=64, help="rows of the first job on Ray (it measures Ray's start)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fleetllm-deadline-"))
@@ -43,14 +45,18 @@ def main() -> None:
     from fleetllm.testing.tiny_model import make_tiny_model
 
     model = str(make_tiny_model(work / "tiny"))
-    rows = work / "rows.jsonl"
+    rows = data = work / "rows.jsonl"
     rows.write_text("".join(json.dumps({"id": i, "text": f"item {i}: " + "describe the river stone " * 6}) + "\n"
                             for i in range(a.rows)))
 
-    def spec(deadline: str | None, out: str) -> JobSpec:
+    first_rows = work / "first.jsonl"
+    first_rows.write_text("".join(rows.read_text().splitlines(keepends=True)[:a.first_rows]))
+
+    def spec(deadline: str | None, out: str, rows: int | None = None) -> JobSpec:
         return JobSpec.model_validate({
-            "name": "deadline", "model": {"source": model, "engine": "transformers", "engine_kwargs": {"num_threads": 1}},
-            "input": {"path": str(rows), "id_column": "id"}, "prompt": {"template": "{text}"},
+            "name": "deadline",
+            "model": {"source": model, "engine": "transformers", "engine_kwargs": {"num_threads": 1}},
+            "input": {"path": str(first_rows if rows else data), "id_column": "id"}, "prompt": {"template": "{text}"},
             "sampling": {"max_tokens": 48, "temperature": 0.0, "extra": {"min_tokens": 48}},
             "output": {"path": str(work / out), "format": "jsonl", "shard_rows": 16},
             "compute": {"replicas": "auto", "cpus_per_replica": 1, "batch_size": 8,
@@ -62,13 +68,22 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, log_to_driver=False)
     result: dict = {"cpus": a.cpus, "rows": a.rows}
-    one = run_job(spec(None, "dry"), as_json=True)  # sized for the Ray cluster: a.cpus replicas
+    # a first, smaller job on Ray: its run adds what a start on Ray costs (the replicas' actors and imports, which
+    # the in-process probe never sees) to the profile; the estimates below take it
+    first = run_job(spec(None, "first-on-ray", rows=a.first_rows), max_error_rate=0.0)
+    prof = store.load_profile(profile_key(plan_job(spec(None, "dry"), resources=cluster_resources())))
+    result["first_on_ray"] = {"rows": a.first_rows, "replicas": first["replicas"], "wall_s": first["wall_time_s"],
+                              "startup_ray_s": prof.startup_ray_s, "overhead_ray_s": prof.overhead_ray_s,
+                              "startup_in_process_s": prof.startup_s}
+    print(f"first job on Ray ({a.first_rows} rows, {first['replicas']} replicas): {first['wall_time_s']} s; the "
+          f"profile's start on Ray {prof.startup_ray_s} s (in process: {prof.startup_s} s)")
+    one = run_job(spec(None, "dry"), dry_run=True, as_json=True)  # sized for the Ray cluster
     by_k = {}
     plan = plan_job(spec(None, "dry"), resources=cluster_resources())
     shape = job_shape(plan)
     prof = store.load_profile(profile_key(plan))
     for k in range(1, a.cpus + 1):
-        e = estimate_for(shape, layout(plan, k), prof.rates(), prof.startup(), prof.overhead())
+        e = estimate_for(shape, layout(plan, k), prof.rates(), prof.startup("ray"), prof.overhead("ray"))
         by_k[k] = (e["wall_s"], e["range"]["wall_s"][1])
     result["estimate_by_replicas"] = by_k
     print("estimated wall by replicas (mid, high):", by_k)

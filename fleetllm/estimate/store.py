@@ -71,6 +71,10 @@ class Profile:
     startup_cold_s: list[float] = field(default_factory=list)
     compile_s: list[float] = field(default_factory=list)
     prefix_block: int | None = None  # the engine's prefix-cache block on this accelerator (cached tokens: whole blocks)
+    # runs on Ray: from the driver's start of the replicas to the first one's engine ready (the actors' start and
+    # imports included, which an in-process probe never sees), and their overhead; kept apart from the in-process ones
+    startup_ray_s: list[float] = field(default_factory=list)
+    overhead_ray_s: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -79,9 +83,12 @@ class Profile:
     def rates(self) -> Rates:
         return fit(self.calls)
 
-    def startup(self) -> float:
+    def startup(self, executor: str = "local") -> float:
         """A start that does not compile: the warm starts measured, else the cold ones less their compiling (a
-        probe compiles what the run after it then loads)."""
+        probe compiles what the run after it then loads). `executor` "ray": a Ray run's start where one was
+        measured (else the in-process one: `measured_on`)."""
+        if executor == "ray" and self.startup_ray_s:
+            return _median(self.startup_ray_s) or 0.0
         if self.startup_s:
             return _median(self.startup_s) or 0.0
         if self.startup_cold_s:
@@ -92,13 +99,26 @@ class Profile:
         """A start that compiles (the first of a configuration on a machine), where one was measured."""
         return _median(self.startup_cold_s)
 
-    def overhead(self) -> float | None:
+    def overhead(self, executor: str = "local") -> float | None:
+        if executor == "ray" and self.overhead_ray_s:
+            return _median(self.overhead_ray_s)
         return _median(self.overhead_s)
 
+    def measured_on(self, executor: str) -> str:
+        """Where the start-up an estimate for `executor` takes was measured: "ray" or "local" (in process)."""
+        return "ray" if executor == "ray" and self.startup_ray_s else "local"
+
     def add(self, calls: list[Call], source: dict[str, Any], startup_s: float | None = None,
-            overhead_s: float | None = None, compile_s: float | None = None) -> None:
-        """`compile_s`: what the start spent compiling (Engine.start_compile_s; None: not known)."""
+            overhead_s: float | None = None, compile_s: float | None = None, executor: str = "local") -> None:
+        """`compile_s`: what the start spent compiling (Engine.start_compile_s; None: not known). `executor`
+        "ray": the start-up and overhead of a run on Ray (kept apart)."""
         self.calls = (self.calls + list(calls))[-MAX_CALLS:]
+        if executor == "ray":
+            if startup_s is not None and startup_s > 0:
+                self.startup_ray_s = (self.startup_ray_s + [round(startup_s, 3)])[-20:]
+            if overhead_s is not None and overhead_s >= 0:
+                self.overhead_ray_s = (self.overhead_ray_s + [round(overhead_s, 3)])[-20:]
+            startup_s = overhead_s = None
         if startup_s is not None and startup_s > 0:
             if compile_s is not None and compile_s >= COMPILED_S:
                 self.startup_cold_s = (self.startup_cold_s + [round(startup_s, 3)])[-20:]
@@ -113,7 +133,8 @@ class Profile:
         out = {"key": self.key, "batching": self.batching, "max_model_len": self.max_model_len,
                "max_num_seqs": self.max_num_seqs, "prefix_block": self.prefix_block,
                "startup_cold_s": self.startup_cold_s, "compile_s": self.compile_s,
-               "startup_s": self.startup_s, "overhead_s": self.overhead_s, "sources": self.sources,
+               "startup_s": self.startup_s, "overhead_s": self.overhead_s, "startup_ray_s": self.startup_ray_s,
+               "overhead_ray_s": self.overhead_ray_s, "sources": self.sources,
                "calls": [c.to_dict() for c in self.calls]}
         if self.calls:
             out["fit"] = self.rates().as_dict()
@@ -124,7 +145,7 @@ class Profile:
         return cls(d["key"], d["batching"], [Call(**c) for c in d.get("calls", [])], list(d.get("startup_s", [])),
                    list(d.get("overhead_s", [])), list(d.get("sources", [])), d.get("max_model_len"),
                    d.get("max_num_seqs"), list(d.get("startup_cold_s", [])), list(d.get("compile_s", [])),
-                   d.get("prefix_block"))
+                   d.get("prefix_block"), list(d.get("startup_ray_s", [])), list(d.get("overhead_ray_s", [])))
 
 
 def _median(xs: list[float]) -> float | None:

@@ -105,6 +105,7 @@ def test_deadline_sizes_replicas_or_is_refused_with_the_figures(home, tmp_path, 
     plan = plan_job(spec, resources={"CPU": 8})
     chosen = apply_deadline(plan, shape)
     assert 1 < chosen["replicas"] < 8 and plan.replicas == chosen["replicas"]
+    assert "no run on Ray has measured" in chosen["startup_note"]  # several replicas run on Ray: start not measured
     assert any("deadline 60s" in line for line in plan.describe())
     plan = plan_job(spec, resources={"CPU": 2.5})  # two replicas of one CPU, and the stream's 0.5
     with pytest.raises(DeadlineError, match=r"cannot be met: 1m00s left, and with the most replicas the cluster "

@@ -230,6 +230,23 @@ def test_a_start_that_compiled_is_kept_apart_from_warm_ones(tmp_path, monkeypatc
     assert (back.startup(), back.startup_cold(), back.compile_s) == (41.0, 98.0, [40.0])
 
 
+def test_a_start_on_ray_is_kept_apart_from_an_in_process_one(tmp_path, monkeypatch):
+    """An in-process probe's start (2 s) says nothing of a run on Ray, whose replicas start actors and import the
+    engine first (23 s): a Ray estimate takes the in-process start only until a run on Ray measured its own, and
+    says so (measured_on); in-process estimates keep the probe's."""
+    monkeypatch.setenv("FLEETLLM_HOME", str(tmp_path))
+    key = {"model": "m", "engine": "transformers", "engine_version": "0.1", "accelerator": "cpu", "parallelism": "x1"}
+    p = store.Profile(key, STATIC)
+    p.add(probe_calls(STATIC), {"kind": "probe"}, startup_s=2.0, overhead_s=0.5)
+    assert (p.startup("ray"), p.overhead("ray"), p.measured_on("ray")) == (2.0, 0.5, "local")
+    p.add([], {"kind": "run"}, startup_s=23.0, overhead_s=4.0, executor="ray")
+    assert (p.startup("ray"), p.overhead("ray"), p.measured_on("ray")) == (23.0, 4.0, "ray")
+    assert (p.startup(), p.overhead(), p.measured_on("local")) == (2.0, 0.5, "local")
+    store.save_profile(p)
+    back = store.load_profile(key)
+    assert (back.startup_ray_s, back.overhead_ray_s, back.startup_s) == ([23.0], [4.0], [2.0])
+
+
 def test_the_compile_cache_tells_a_cold_start_from_a_warm_one(tmp_path, monkeypatch):
     import os
 

@@ -30,6 +30,19 @@ COUNT_ALL_ROWS = 2000  # up to this many rows every prompt is tokenized; above, 
 BLOCK, CPU_BLOCK = 16, 128  # vLLM's prefix-cache block on a GPU and on its CPU backend: only whole blocks are reused
 
 
+RAY_START_UNMEASURED = ("the job runs on Ray, and no run on Ray has measured its replicas' start (actors, imports) for "
+                        "this profile yet: the start-up is the in-process probe's; the first run on Ray adds its own")
+
+
+def executor(plan, replicas: int | None = None) -> str:
+    """"local" where the job (with `replicas`, default the plan's) runs in this process, else "ray": what its start
+    costs differs (fleetllm.estimate.store.Profile keeps the two apart)."""
+    from fleetllm.batch.execution.local_run import runs_in_process
+
+    k = plan.replicas if replicas is None else replicas
+    return "local" if k == 1 and runs_in_process(plan.spec) else "ray"
+
+
 def batching(engine: str) -> str:
     return CONTINUOUS if capabilities(engine).continuous_batching else STATIC
 
@@ -203,8 +216,12 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
             "profile_key": key, "measured_by": "the first run of a job against this endpoint's model (its calls' "
                                               "measured rate); the next estimate uses it"}
         return out
-    out = estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(),
-                   profile.overhead(), profile.name)
+    where = executor(plan)
+    out = estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(where),
+                   profile.overhead(where), profile.name)
+    out["executor"] = where
+    if profile.measured_on(where) != where:
+        out["startup_note"] = RAY_START_UNMEASURED
     cold = profile.startup_cold()
     if cold is not None:  # what a start that compiles took (a configuration new to a machine)
         out["startup_cold_s"] = round(cold, 1)
@@ -225,10 +242,12 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
         raise PlanError(f"compute.deadline {spec.compute.deadline!r} needs a throughput profile of this model on this "
                         f"engine and accelerator, and there is none yet; run `fleetllm calibrate JOB.yaml` first "
                         f"(a probe of {probe_cost(shape)['rows']} rows), or remove the deadline")
-    rates, startup, overhead = profile.rates(), profile.startup(), profile.overhead()
+    rates = profile.rates()
 
     def wall(k: int) -> tuple[float, float]:
-        e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, startup, overhead)
+        where = executor(plan, k)
+        e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, profile.startup(where),
+                     profile.overhead(where))
         return e["wall_s"], e["range"]["wall_s"][1]
 
     auto = spec.compute.replicas == "auto"
@@ -241,4 +260,7 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
                                                 description=(*rp.description, f"{why} (of {rp.replicas} that fit)"))
     elif not auto:
         chosen = plan.replicas
-    return {"deadline": spec.compute.deadline, "budget_s": round(budget, 1), "replicas": chosen, "why": why}
+    out = {"deadline": spec.compute.deadline, "budget_s": round(budget, 1), "replicas": chosen, "why": why}
+    if profile.measured_on(executor(plan, chosen)) != executor(plan, chosen):
+        out["startup_note"] = RAY_START_UNMEASURED
+    return out

@@ -12,6 +12,7 @@ from fleetllm.batch.execution.telemetry import run_field
 from fleetllm.batch.reports.estimate_job import (
     batching,
     estimate_plan,
+    executor,
     job_key,
     job_shape,
     layout,
@@ -157,7 +158,8 @@ class RunEstimate:
         overhead = None
         if startup is not None and gen_end is not None and report.get("wall_time_s"):
             overhead = report["wall_time_s"] - (gen_end - timeline["engine_ready"]) - startup
-        profile.add(observed, {"kind": "run", "job": self.plan.spec.name, "rows": report.get("rows_computed")},
-                    startup, overhead, self.compile_s)
+        where = executor(self.plan)
+        profile.add(observed, {"kind": "run", "job": self.plan.spec.name, "rows": report.get("rows_computed"),
+                               "executor": where}, startup, overhead, self.compile_s, where)
         store.save_profile(profile)
         store.save_lengths(job_key(self.plan), self.lengths, "previous run", self.plan.spec.name)

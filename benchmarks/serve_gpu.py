@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_throughput import GpuSampler  # noqa: E402
 from gpu_workloads import make_models  # noqa: E402
 from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_for,  # noqa: E402
-                             variant_env, variant_spec)
+                             variant_engine_kwargs, variant_env, variant_spec)
 from serve_servers import (Server, bench_env, fleetllm_serve, spy_on_replica, step_counts,  # noqa: E402
                            step_histogram, vllm_serve)
 from stream_trace_report import load as load_trace, loop_summary, summarize as trace_summary  # noqa: E402
@@ -184,8 +184,10 @@ def compare(args) -> None:
     traces = {name: Path(args.trace) / name for name, _, _ in variants} if args.trace else {}
     for i, (name, ingress, budget) in enumerate(variants):
         srv_env = {**trace_env(env, traces.get(name)), **variant_env(name)}
-        srv = fleetllm_serve(model, args.port + 1 + i, kwargs, srv_env, work, name, gpus=1.0 if on_gpu else 0.0,
-                             max_ongoing=max_c, budget=budget, ingress=ingress, spec_extra=variant_spec(name))
+        srv = fleetllm_serve(model, args.port + 1 + i, {**kwargs, **variant_engine_kwargs(name)}, srv_env, work, name,
+                             gpus=1.0 if on_gpu else 0.0,
+                             max_ongoing=args.max_ongoing or max_c, budget=budget, ingress=ingress,
+                             spec_extra=variant_spec(name))
         servers.append(srv)
     plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
     doc["planned_s"] = round(print_plan(servers, plan, args))
@@ -355,6 +357,8 @@ def main() -> None:
     c.add_argument("--py-spy-at", type=float, default=32, help="the level (concurrency or rate) py-spy records")
     c.add_argument("--py-spy-s", type=float, default=12, help="seconds py-spy records from the run's start (idle "
                    "samples dropped)")
+    c.add_argument("--max-ongoing", type=int, default=None, help="each fleetllm replica's max_ongoing_requests (default: "
+                   "the highest --concurrency; lease 16 ran c=32 under 256)")
     c.add_argument("--fleet-budget", type=float, default=None, help="fleetllm's stream_messages_per_s (default: its own)")
     r.add_argument("--gpu-mem", type=float, default=0.45, help="gpu_memory_utilization of each replica")
     r.add_argument("--kv-cache-gib", type=float, default=32, help="each replica's KV cache on a GPU (fixed, so the "

@@ -15,8 +15,10 @@ STOP_RESERVE_S = 25.0  # stopping the servers at the end
 TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
           "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"},  # the GIL handed between threads every 0.5 ms
           "thread": {"FLEETLLM_VLLM_LOOP": "thread"},  # vLLM's client on its own loop thread (before 2026-12-07)
-          "proxy": {}}  # Serve's HTTP proxy in front (`http: proxy`, the default before 2026-12-07)
+          "proxy": {},  # Serve's HTTP proxy in front (`http: proxy`, the default before 2026-12-07)
+          "fcfs": {}}  # vLLM's FCFS scheduler (`vllm serve`'s default), not fleetllm's priority one
 SPEC_TWEAKS = {"proxy": {"http": "proxy"}}
+ENGINE_TWEAKS = {"fcfs": {"scheduling_policy": "fcfs"}}  # the model's engine_kwargs a variant adds
 
 
 def _tweaked(table: dict[str, dict], name: str) -> dict:
@@ -28,6 +30,11 @@ def _tweaked(table: dict[str, dict], name: str) -> dict:
 def variant_spec(name: str) -> dict:
     """serve.yaml fields a variant's tweaks set (server name `fleetllm-direct-proxy` -> {"http": "proxy"})."""
     return _tweaked(SPEC_TWEAKS, name)
+
+
+def variant_engine_kwargs(name: str) -> dict:
+    """engine_kwargs a variant's tweaks add (server name `fleetllm-direct-fcfs` -> {"scheduling_policy": "fcfs"})."""
+    return _tweaked(ENGINE_TWEAKS, name)
 
 
 def variant_env(name: str) -> dict[str, str]:

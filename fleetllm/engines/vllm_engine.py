@@ -201,6 +201,7 @@ class VLLMEngine(VLLMStreaming, VLLMRequests, Engine):
                 else:
                     self._run(shutdown())
             finally:
+                self._stop_prepare_thread()
                 self._close_loop()
                 gc.unfreeze()  # the heap frozen at start is collectable again (and freed at exit)
 

@@ -5,7 +5,10 @@ loop itself (no hop between threads); elsewhere the request runs on the engine's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
+import os
 import time
 from typing import Any, AsyncIterator
 
@@ -14,13 +17,23 @@ from fleetllm.engines.chat import prompt_chars
 from fleetllm.engines.vllm_outputs import logprob_entries
 from fleetllm.errors import EngineError, RowError
 
-# Prompts longer than this (characters) are templated and tokenized in a worker thread when streaming,
-# not on the caller's event loop (a 5 MB prompt stalled every other request of the replica for seconds).
-OFFLOAD_CHARS = 32_768
+# Prompts longer than OFFLOAD_CHARS are templated and tokenized off the caller's event loop when streaming, as `vllm
+# serve` tokenizes in a thread: in a serving replica that loop also runs vLLM's output handler and every stream's
+# writes, and the tokenizer holds the thread that calls it for the whole call (its Rust half lets other threads run,
+# not the caller). Lease 17 (one H100, c=32 of 1,024-token prompts, py-spy of the replica): 12% of the loop's busy
+# time was tokenizing, ~5 ms a request, so 8 requests arriving together held every stream ~40 ms (ITL p99 28-33 ms
+# against `vllm serve`'s 12). A prompt this short tokenizes in well under a millisecond, less than a thread hop.
+# They go to one worker thread of the engine's, in arrival order, as vLLM's renderer does (its tokenizer pool keeps
+# copies for a worker or two; more threads at once would deep-copy the tokenizer on the spot). Prompts over
+# HUGE_CHARS and prompts with images go to asyncio's own pool instead, so a 5 MB prompt never queues the others.
+# FLEETLLM_OFFLOAD_CHARS: for A/B runs (serve_gpu.py +onloop).
+OFFLOAD_CHARS = int(os.environ.get("FLEETLLM_OFFLOAD_CHARS", "512"))
+HUGE_CHARS = 32_768
 
 
 class VLLMStreaming:
-    """VLLMEngine's streaming half; the engine gives `_llm`, `_prepare`, `_submit`, `_request_id` and `_failure`."""
+    """VLLMEngine's streaming half; the engine gives `_llm`, `_prepare`, `_submit`, `_request_id` and `_failure`, and
+    calls `_stop_prepare_thread` when it stops."""
 
     async def generate_stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta]:
         """Stream one request; closing the generator (or cancelling its task) aborts it in vLLM.
@@ -29,8 +42,12 @@ class VLLMStreaming:
         """
         if self._llm is None:
             raise EngineError("the vLLM engine is not started; call start() first")
-        if prompt_chars(request) > OFFLOAD_CHARS or request.images:  # long prompts, images: off the event loop
+        chars = prompt_chars(request)
+        if chars > HUGE_CHARS or request.images:  # off the event loop, beside the others (OFFLOAD_CHARS)
             prompt, params, lora = await asyncio.to_thread(self._prepare, request, True)
+        elif chars > OFFLOAD_CHARS:  # off the event loop, on the engine's one prepare thread
+            prepare = functools.partial(self._prepare, request, True)
+            prompt, params, lora = await asyncio.get_running_loop().run_in_executor(self._prepare_thread(), prepare)
         else:
             prompt, params, lora = self._prepare(request, delta=True)
         extra = {"priority": request.priority} if request.priority else {}  # needs scheduling_policy: priority
@@ -50,6 +67,18 @@ class VLLMStreaming:
                         logprobs=logprob_entries(out.token_ids, out.logprobs, params.logprobs),
                         num_cached_tokens=item.num_cached_tokens, emitted_at=emitted_at,
                     )
+
+    def _prepare_thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The engine's one thread that templates and tokenizes streamed prompts (made on first use; stop() ends it)."""
+        pool = getattr(self, "_prepare_pool", None)
+        if pool is None:
+            pool = self._prepare_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleetllm-prepare")
+        return pool
+
+    def _stop_prepare_thread(self) -> None:
+        pool, self._prepare_pool = getattr(self, "_prepare_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)  # a prompt being tokenized finishes (milliseconds)
 
     async def _outputs(self, prompt: dict, params: Any, request_id: str, lora: Any,
                        extra: dict) -> AsyncIterator[tuple[Any, float]]:

@@ -33,7 +33,18 @@ async def serve(model: str) -> dict:
 
     out: dict = {"caller_loop": isinstance(engine._loop, CallerLoop),
                  "threads": sorted(t.name for t in threading.enumerate())}
+    prepare, on_loop = engine._prepare, []
+
+    def recording(req, delta=False):  # the real _prepare; which thread ran it
+        on_loop.append("loop" if threading.get_ident() == loop_thread else threading.current_thread().name)
+        return prepare(req, delta)
+
+    loop_thread, engine._prepare = threading.get_ident(), recording
     deltas = [d async for d in engine.generate_stream(request(12))]
+    long = GenerationRequest(prompt="Count from one to twenty, slowly: " + "one, two, three, " * 40,
+                             sampling={"max_tokens": 2, "temperature": 0})
+    out["long_streamed"] = [d.num_generated_tokens async for d in engine.generate_stream(long)][-1]
+    out["prepared_on_loop"], engine._prepare = on_loop, prepare
     out["streamed"] = [d.num_generated_tokens for d in deltas]
     (result,) = await engine.agenerate([request(12)])
     out["same_text"] = result.completions[0].text == "".join(d.text for d in deltas)
@@ -47,6 +58,7 @@ async def serve(model: str) -> dict:
     except RuntimeError as exc:
         out["blocking_call"] = str(exc)
     engine.stop()
+    out["threads_after_stop"] = [t.name for t in threading.enumerate()]
     return out
 
 
@@ -69,6 +81,15 @@ def test_a_serving_engine_runs_vllm_on_the_serving_loop(served):
     assert served["same_text"], served  # greedy: the stream and the batch call answer alike
     assert served["unfinished_after_close"] == 0, served
     assert "would wait on itself" in served["blocking_call"], served
+
+
+def test_a_long_prompt_is_tokenized_off_the_serving_loop(served):
+    """A short prompt is templated and tokenized on the serving loop; one over OFFLOAD_CHARS (714 characters) on the
+    engine's prepare thread, as `vllm serve` tokenizes in a thread: the tokenizer holds the thread that calls it
+    (lease 17's ITL tail)."""
+    where = served["prepared_on_loop"]
+    assert where[0] == "loop" and where[1].startswith("fleetllm-prepare") and served["long_streamed"] == 2, served
+    assert "fleetllm-prepare" not in " ".join(served["threads_after_stop"]), served  # stop() ends it
 
 
 if __name__ == "__main__":

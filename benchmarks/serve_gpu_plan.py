@@ -16,6 +16,7 @@ TWEAKS = {"samethread": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
           "switch": {"FLEETLLM_SWITCH_INTERVAL_S": "0.0005"},  # the GIL handed between threads every 0.5 ms
           "thread": {"FLEETLLM_VLLM_LOOP": "thread"},  # vLLM's client on its own loop thread (before 2026-12-07)
           "proxy": {},  # Serve's HTTP proxy in front (`http: proxy`, the default before 2026-12-07)
+          "onloop": {"FLEETLLM_OFFLOAD_CHARS": "100000000"},  # prompts tokenized on the serving loop (before lease 17)
           "fcfs": {}}  # vLLM's FCFS scheduler (`vllm serve`'s default), not fleetllm's priority one
 SPEC_TWEAKS = {"proxy": {"http": "proxy"}}
 ENGINE_TWEAKS = {"fcfs": {"scheduling_policy": "fcfs"}}  # the model's engine_kwargs a variant adds

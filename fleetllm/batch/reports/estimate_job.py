@@ -34,13 +34,16 @@ RAY_START_UNMEASURED = ("the job runs on Ray, and no run on Ray has measured its
                         "this profile yet: the start-up is the in-process probe's; the first run on Ray adds its own")
 
 
-def executor(plan, replicas: int | None = None) -> str:
+def executor(plan, replicas: int | None = None, in_process: bool | None = None) -> str:
     """"local" where the job (with `replicas`, default the plan's) runs in this process, else "ray": what its start
-    costs differs (fleetllm.estimate.store.Profile keeps the two apart)."""
+    costs differs (fleetllm.estimate.store.Profile keeps the two apart). `in_process`: local_run.runs_in_process(
+    plan.spec), where the caller has it (it does not depend on `replicas`)."""
     from fleetllm.batch.execution.local_run import runs_in_process
 
     k = plan.replicas if replicas is None else replicas
-    return "local" if k == 1 and runs_in_process(plan.spec) else "ray"
+    if k != 1:
+        return "ray"
+    return "local" if (runs_in_process(plan.spec) if in_process is None else in_process) else "ray"
 
 
 def batching(engine: str) -> str:
@@ -242,10 +245,12 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
         raise PlanError(f"compute.deadline {spec.compute.deadline!r} needs a throughput profile of this model on this "
                         f"engine and accelerator, and there is none yet; run `fleetllm calibrate JOB.yaml` first "
                         f"(a probe of {probe_cost(shape)['rows']} rows), or remove the deadline")
-    rates = profile.rates()
+    from fleetllm.batch.execution.local_run import runs_in_process
+
+    rates, in_process = profile.rates(), runs_in_process(spec)  # the same for every replica count tried
 
     def wall(k: int) -> tuple[float, float]:
-        where = executor(plan, k)
+        where = executor(plan, k, in_process)
         e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, profile.startup(where),
                      profile.overhead(where))
         return e["wall_s"], e["range"]["wall_s"][1]
@@ -261,6 +266,7 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
     elif not auto:
         chosen = plan.replicas
     out = {"deadline": spec.compute.deadline, "budget_s": round(budget, 1), "replicas": chosen, "why": why}
-    if profile.measured_on(executor(plan, chosen)) != executor(plan, chosen):
+    where = executor(plan, chosen, in_process)
+    if profile.measured_on(where) != where:
         out["startup_note"] = RAY_START_UNMEASURED
     return out

@@ -1,7 +1,8 @@
 """A job's estimate from its shape and a throughput profile: tokens, wall time for the planned
 replicas, GPU-hours, money, with a range; and the ETA of a running job from the same model. Pure.
 
-The range: the fit's relative error (at least RANGE_FLOOR) either side of the generation time, and,
+The range: the fit's relative error (at least RANGE_FLOOR) either side of the generation time, the start-up's
+spread (how far one engine start sits from another: fleetllm.estimate.store.STARTUP_SPREAD) either side of it, and,
 when no output lengths were seen for the job yet, outputs between a quarter of max_tokens and all of
 it (the estimate itself then assumes max_tokens: the upper end).
 """
@@ -74,8 +75,10 @@ def accelerators(layout: Layout) -> float:
 
 
 def estimate(shape: JobShape, layout: Layout, rates: Rates | None, startup_s: float = 0.0,
-             overhead_s: float | None = None, profile: str | None = None) -> dict[str, Any]:
-    """The estimate as run.json and `--dry-run --json` carry it (wall_s None: no profile yet)."""
+             overhead_s: float | None = None, profile: str | None = None,
+             startup_spread: float = 0.0) -> dict[str, Any]:
+    """The estimate as run.json and `--dry-run --json` carry it (wall_s None: no profile yet). `startup_spread`:
+    the start-up's relative spread, which widens the range (not the estimate)."""
     cases = length_cases(shape)
     rows_ok = max(0, shape.rows - shape.rows_past_context)
     tokens = {k: round(rows_ok * shape.n * sum(v) / len(v)) for k, v in cases.items()}
@@ -91,14 +94,17 @@ def estimate(shape: JobShape, layout: Layout, rates: Rates | None, startup_s: fl
     if rates is None:
         return out
     u = max(RANGE_FLOOR, 2 * rates.rel_error)
-    fixed = startup_s + (DEFAULT_OVERHEAD_S if overhead_s is None else overhead_s)
+    overhead = DEFAULT_OVERHEAD_S if overhead_s is None else overhead_s
+    fixed, s = startup_s + overhead, max(0.0, startup_spread)
     gen = {k: predict_work(rates, replica_work(shape, layout, v)) for k, v in cases.items()}
     # a relative uncertainty u puts the time within [x / (1 + u), x * (1 + u)]: never below the fixed part, even where
-    # a poor fit's u passes 1 (x * (1 - u) went negative)
-    wall = {"mid": fixed + gen["mid"], "low": fixed + gen["low"] / (1 + u), "high": fixed + gen["high"] * (1 + u)}
+    # a poor fit's u passes 1 (x * (1 - u) went negative); the start-up likewise by its spread s
+    wall = {"mid": fixed + gen["mid"], "low": startup_s / (1 + s) + overhead + gen["low"] / (1 + u),
+            "high": startup_s * (1 + s) + overhead + gen["high"] * (1 + u)}
     hours = {k: accelerators(layout) * v / 3600 for k, v in wall.items()}
     out.update(wall_s=round(wall["mid"], 1), generation_s=round(gen["mid"], 1), startup_s=round(startup_s, 1),
-               overhead_s=round(fixed - startup_s, 1), relative_uncertainty=round(u, 3),
+               overhead_s=round(overhead, 1), relative_uncertainty=round(u, 3),
+               startup_spread=round(s, 3),
                gpu_hours=round(hours["mid"], 4) if layout.gpus_per_replica > 0 else 0.0,
                accelerator_hours=round(hours["mid"], 4))
     out["range"].update(wall_s=[round(wall["low"], 1), round(wall["high"], 1)],

@@ -25,6 +25,11 @@ from typing import Any
 from fleetllm.estimate.model import Call, Rates, fit
 
 COMPILED_S = 1.0  # a start whose compile-cache writes span less wrote metadata, not a compiled model: warm
+# How far one engine start may sit from another of the same configuration on the same machine, until three or more
+# were measured: two warm vLLM starts of one 8B configuration on one H100, minutes apart, took 35.6 and 49.9 s
+# (GPU lease 18, docs/estimates.md); an estimate's range carries the start-up within x / (1 + s) .. x * (1 + s).
+STARTUP_SPREAD = 0.4
+STARTUP_SPREAD_FLOOR = 0.1
 
 MAX_CALLS = 400  # observations kept per profile (the newest)
 MAX_LENGTHS = 2000  # output lengths kept per job
@@ -94,6 +99,16 @@ class Profile:
         if self.startup_cold_s:
             return max(0.0, (_median(self.startup_cold_s) or 0.0) - (_median(self.compile_s) or 0.0))
         return 0.0
+
+    def startup_spread(self, executor: str = "local") -> float:
+        """The start-up's relative spread for the estimate's range: from the starts measured where three or more
+        were (the farthest from their median, at least STARTUP_SPREAD_FLOOR), else STARTUP_SPREAD."""
+        starts = (self.startup_ray_s if executor == "ray" and self.startup_ray_s
+                  else self.startup_s or self.startup_cold_s)
+        mid = _median(starts)
+        if len(starts) < 3 or not mid or min(starts) <= 0:
+            return STARTUP_SPREAD
+        return round(max(STARTUP_SPREAD_FLOOR, max(starts) / mid - 1, mid / min(starts) - 1), 3)
 
     def startup_cold(self) -> float | None:
         """A start that compiles (the first of a configuration on a machine), where one was measured."""

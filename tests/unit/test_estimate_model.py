@@ -247,6 +247,27 @@ def test_a_start_on_ray_is_kept_apart_from_an_in_process_one(tmp_path, monkeypat
     assert (back.startup_ray_s, back.overhead_ray_s, back.startup_s) == ([23.0], [4.0], [2.0])
 
 
+def test_the_range_carries_how_far_one_start_sits_from_another():
+    """One start measured: the range spans STARTUP_SPREAD either side of it (two warm vLLM starts on one H100 took
+    35.6 and 49.9 s); three or more: their own spread. The estimate itself stays the median start."""
+    key = {"model": "m", "engine": "vllm", "engine_version": "0.1", "accelerator": "gpu", "parallelism": "tp1"}
+    p = store.Profile(key, CONTINUOUS)
+    p.add(probe_calls(CONTINUOUS), {"kind": "probe"}, startup_s=36.0, overhead_s=2.0)
+    assert p.startup_spread() == store.STARTUP_SPREAD
+    rates = fit(probe_calls(CONTINUOUS))
+    plain = estimate(shape(), LAYOUT, rates, startup_s=36.0, overhead_s=2.0)
+    wide = estimate(shape(), LAYOUT, rates, startup_s=36.0, overhead_s=2.0, startup_spread=p.startup_spread())
+    assert wide["wall_s"] == plain["wall_s"] and wide["startup_spread"] == 0.4
+    (lo, hi), (plo, phi) = wide["range"]["wall_s"], plain["range"]["wall_s"]
+    assert hi == pytest.approx(phi + 0.4 * 36.0, abs=0.15) and lo == pytest.approx(plo - (36.0 - 36.0 / 1.4), abs=0.15)
+    for s in (40.0, 44.0, 50.0):
+        p.add([], {"kind": "run"}, startup_s=s)
+    assert p.startup() == 42.0 and p.startup_spread() == pytest.approx(50.0 / 42.0 - 1, abs=1e-3)
+    for s in (42.0, 42.0, 42.0, 42.0):
+        p.add([], {"kind": "run"}, startup_s=s)
+    assert p.startup_spread() == pytest.approx(max(store.STARTUP_SPREAD_FLOOR, 50 / 42 - 1, 42 / 36 - 1), abs=1e-3)
+
+
 def test_the_compile_cache_tells_a_cold_start_from_a_warm_one(tmp_path, monkeypatch):
     import os
 

@@ -221,7 +221,7 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
         return out
     where = executor(plan)
     out = estimate(shape, layout(plan, default_seqs=profile.max_num_seqs), profile.rates(), profile.startup(where),
-                   profile.overhead(where), profile.name)
+                   profile.overhead(where), profile.name, profile.startup_spread(where))
     out["executor"] = where
     if profile.measured_on(where) != where:
         out["startup_note"] = RAY_START_UNMEASURED
@@ -252,7 +252,7 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
     def wall(k: int) -> tuple[float, float]:
         where = executor(plan, k, in_process)
         e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, profile.startup(where),
-                     profile.overhead(where))
+                     profile.overhead(where), startup_spread=profile.startup_spread(where))
         return e["wall_s"], e["range"]["wall_s"][1]
 
     auto = spec.compute.replicas == "auto"

@@ -109,7 +109,24 @@ def summarize(result: dict) -> dict:
     out["chunks"] = chunks  # SSE messages carrying text: tokens per chunk shows the server's merging
     out["tokens_per_chunk"] = round(result["total_output_tokens"] / chunks, 2) if chunks else None
     out["errors"] = sorted({e for e in result.get("errors") or [] if e})[:3]
+    out["long_gaps"] = long_gaps(itls)
     return out
+
+
+LONG_GAP_MS = 20.0
+GAP_INDEX_BUCKETS = ((1, 1), (2, 7), (8, 31), (32, 10**9))
+
+
+def long_gaps(itls: list[list[float]], over_ms: float = LONG_GAP_MS) -> dict:
+    """The client's gaps over `over_ms` (vLLM's bench reports seconds): how many, their share of all gaps, and
+    where in its stream each fell (the gap before token i, i = 1 right after the first): a stream that decodes
+    while later prompts prefill waits at its first tokens, one held by the server's own path anywhere."""
+    gaps = [(i + 1, g * 1000) for x in itls for i, g in enumerate(x)]
+    long = [(i, ms) for i, ms in gaps if ms > over_ms]
+    where = {f"{a}" if a == b else (f"{a}+" if b >= 10**9 else f"{a}-{b}"): sum(1 for i, _ in long if a <= i <= b)
+             for a, b in GAP_INDEX_BUCKETS}
+    return {"over_ms": over_ms, "count": len(long), "share": round(len(long) / len(gaps), 4) if gaps else None,
+            "by_token_index": where}
 
 
 def save(doc: dict, out: Path) -> None:
@@ -242,6 +259,10 @@ def compare(args) -> None:
                       f"TTFT p50 {run.get('median_ttft_ms')} ms  ITL p50 {run.get('median_itl_ms')} ms  "
                       f"ITL p99 {run.get('p99_itl_ms')} ms  tok/chunk {run.get('tokens_per_chunk')}  "
                       f"GPU {run.get('gpu_busy')}  ({run['wall_s']} s)", flush=True)
+                lg = run.get("long_gaps") or {}
+                if lg.get("count"):
+                    print(f"    client gaps > {lg['over_ms']:g} ms: {lg['count']} ({lg['share']:.2%}), by token index "
+                          + ", ".join(f"{k} {v}" for k, v in lg["by_token_index"].items()), flush=True)
                 if steps is not None:
                     print("    engine steps by tokens: " + ", ".join(f"{k} {v}" for k, v in steps.items() if v),
                           flush=True)

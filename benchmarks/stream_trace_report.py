@@ -76,7 +76,28 @@ def summarize(streams: list[dict]) -> dict:
     long_out = [g for g in out if g > 0.015]
     row["out_gaps_over_15ms"] = len(long_out)
     row["engine_gaps_over_15ms"] = sum(1 for g in engine if g > 0.015)
+    row["engine_gaps_over_20ms_by_token_index"] = by_token_index(streams, 0.020)
+    row["first_token_groups"] = first_token_groups(streams)
     return row
+
+
+INDEX_BUCKETS = ((1, 1), (2, 7), (8, 31), (32, 10**9))
+
+
+def by_token_index(streams: list[dict], over_s: float) -> dict:
+    """The engine gaps over `over_s` by where in its stream each fell (the gap before token i, i = 1 right after
+    the first): a stream decoding while later prompts prefill waits at its first tokens (the same buckets as
+    serve_gpu.py's client `long_gaps`)."""
+    idx = [i + 1 for s in streams for i, g in enumerate(gaps([t for t in s["engine"] if t >= 0])) if g > over_s]
+    return {f"{a}" if a == b else (f"{a}+" if b >= 10**9 else f"{a}-{b}"): sum(1 for i in idx if a <= i <= b)
+            for a, b in INDEX_BUCKETS}
+
+
+def first_token_groups(streams: list[dict], within_s: float = 0.010) -> int:
+    """How many engine steps gave streams their first token (first outputs within `within_s` of the previous one
+    count as one step): the prefill steps the streams' prompts were spread over."""
+    firsts = sorted(s["engine"][0] for s in streams if s["engine"] and s["engine"][0] >= 0)
+    return sum(1 for i, t in enumerate(firsts) if i == 0 or t - firsts[i - 1] > within_s)
 
 
 def loop_summary(folder: str | Path, start: float | None = None, end: float | None = None) -> dict:

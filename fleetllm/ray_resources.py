@@ -2,9 +2,9 @@
 
 `wait_until` is the pure loop (clock, sleep and the resource reader injected); `ray_snapshot` reads
 the connected Ray cluster (`ray.cluster_resources()`, alive nodes); `request_from_autoscaler` asks an
-autoscaling cluster for the wanted resources. It sits below both batch/ (batch/execution/stream.py
-wait_for_cluster) and cluster/ (cluster/wait.py: connect + `fleetllm cluster wait`), so batch needs
-nothing of the deployment tooling.
+autoscaling cluster for the wanted resources; `autoscaler_limits` reads how far its autoscaler may grow
+it. It sits below both batch/ (batch/execution/stream.py wait_for_cluster) and cluster/
+(cluster/wait.py: connect + `fleetllm cluster wait`), so batch needs nothing of the deployment tooling.
 """
 
 from __future__ import annotations
@@ -94,6 +94,31 @@ def ray_snapshot() -> Snapshot:
     return Snapshot(resources=resources, nodes=nodes)
 
 
+# More replicas than this are never planned from an autoscaler's limits (an unbounded node group reads as this many)
+MOST_AUTOSCALED_REPLICAS = 4096
+
+
+def autoscaler_limits() -> dict[str, float] | None:
+    """The most CPUs and GPUs the connected cluster's autoscaler may grow it to: each node group's max count x its
+    resources, as Ray's autoscaler reports its config to the GCS (what Ray Data and Ray Train read:
+    `ray._private.state.state.get_max_resources_from_cluster_config`). None without a connected Ray, or where no
+    autoscaler reported a config (a cluster of fixed size; Ray's open-source autoscaler v2 of Ray 2.60 does not
+    report it: seen with its fake multi-node provider). An unbounded group reads as MOST_AUTOSCALED_REPLICAS nodes."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        from ray._private.state import state
+
+        limits = state.get_max_resources_from_cluster_config()
+    except Exception:  # a private API: a Ray without it, or a GCS that cannot answer, reads as no limit known
+        return None
+    out = {k: float(min(v, MOST_AUTOSCALED_REPLICAS * 1024)) for k, v in (limits or {}).items()
+           if k in ("CPU", "GPU") and v}
+    return out if out.get("CPU") else None
+
+
 def request_from_autoscaler(need: dict[str, float]) -> None:
     """Ask an autoscaling cluster for what the job waits for (ray.autoscaler.sdk.request_resources: a
     standing request, so the autoscaler starts nodes instead of waiting for tasks to queue); a cluster
@@ -104,3 +129,13 @@ def request_from_autoscaler(need: dict[str, float]) -> None:
 
     cpus = math.ceil(need.get("CPU", 0))
     request_resources(num_cpus=cpus, bundles=[{"GPU": 1.0}] * math.ceil(need.get("GPU", 0)))
+    _standing[0] = bool(need)
+
+
+_standing = [False]  # whether this process's last request_from_autoscaler left a standing request
+
+
+def requested_here() -> bool:
+    """Whether this process made a standing autoscaler request it has not withdrawn (the cluster keeps one request
+    at a time: withdrawing one this process did not make would drop another's)."""
+    return _standing[0]

@@ -274,6 +274,13 @@ def run_estimate(plan, t0: float, console: Console) -> RunEstimate | None:
         shape = job_shape(plan)
         deadline = apply_deadline(plan, shape)
         console.print(f"deadline: {deadline['why']}")
+        if deadline.get("scale_up"):  # more replicas than fit now: the autoscaler starts nodes for the rest
+            from fleetllm.ray_resources import request_from_autoscaler
+
+            grow = deadline["scale_up"]
+            request_from_autoscaler(grow["resources"])  # withdrawn when the job ends (release_cluster_request)
+            console.print(f"deadline: {plan.replicas} replicas, {grow['replicas_now']} fit now; asked the "
+                          f"cluster's autoscaler for {grow['resources']}")
     return RunEstimate(plan, t0, shape)
 
 

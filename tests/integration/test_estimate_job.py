@@ -247,3 +247,51 @@ def test_the_in_process_run_shows_the_engine_to_the_eta_once_ready_and_ticks_bet
     assert kinds.index("engine") < kinds.index("tick") < kinds.index("commit")  # ticks while the first shard runs
     assert sum(e[1] for e in events if e[0] == "commit") == 8
     assert events[kinds.index("engine")][1] == times["ready"]
+
+
+def test_a_deadline_plans_past_the_present_nodes_where_the_autoscaler_may_grow_the_cluster(
+        home, tmp_path, tiny_model, ray_local):
+    """Where the cluster's autoscaler reported its node groups to Ray's GCS (what Ray Data and Ray Train read), a
+    deadline the present cluster cannot meet plans the replicas it needs up to that limit and names the scale-up;
+    without the report the present cluster bounds the plan. The report is written where Ray's autoscaler writes it
+    (Ray's open-source autoscaler of this Ray does not write it: nothing here would)."""
+    import re
+
+    from ray._raylet import GCS_AUTOSCALER_CLUSTER_CONFIG_KEY as KEY, GCS_AUTOSCALER_STATE_NAMESPACE as NS
+    from ray.core.generated import autoscaler_pb2
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+
+    from fleetllm.ray_resources import autoscaler_limits
+    from fleetllm.sizing import cluster_resources
+
+    assert autoscaler_limits() is None  # a cluster of fixed size
+    _, job = write_job(tmp_path, tiny_model, rows=400, replicas="auto", cpus_per_replica=1)
+    spec = JobSpec.model_validate({**job, "compute": {**job["compute"], "deadline": "10h"}})
+    plan = plan_job(spec, resources=cluster_resources())
+    now = plan.replicas  # 4 logical CPUs: 3 replicas and the stream's 0.5
+    synthetic_profile(plan, 0.05)
+    shape = job_shape(plan)
+    need = None
+    for deadline in ("90s", "60s", "45s", "30s"):  # the loosest deadline the present cluster cannot meet
+        spec.compute.deadline = deadline
+        try:
+            apply_deadline(plan_job(spec, resources=cluster_resources()), shape)
+        except DeadlineError as exc:
+            assert f"the most replicas the cluster allows ({now})" in str(exc)
+            need = int(re.search(r"meeting it needs (\d+) replicas", str(exc)).group(1))
+            break
+    assert need is not None and now < need <= 19, need
+    config = autoscaler_pb2.ClusterConfig()
+    for name, count in (("head", 1), ("cpu-workers", 4)):  # up to 20 CPUs: 19 replicas beside the stream
+        group = config.node_group_configs.add(name=name, max_count=count)
+        group.resources["CPU"] = 4
+    _internal_kv_put(KEY, config.SerializeToString(), namespace=NS)
+    try:
+        assert autoscaler_limits() == {"CPU": 20.0}
+        plan = plan_job(spec, resources=cluster_resources())
+        chosen = apply_deadline(plan, shape)
+        assert chosen["replicas"] == plan.replicas == need and chosen["scale_up"] == {
+            "replicas_now": now, "resources": {"CPU": float(need)}}
+        assert any(f"of 19 the autoscaler allows; {now} fit now" in line for line in plan.describe())
+    finally:
+        _internal_kv_del(KEY, namespace=NS)

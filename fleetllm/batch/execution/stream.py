@@ -62,10 +62,11 @@ def wait_for_cluster(spec: JobSpec, console: Console) -> None:
 
 
 def release_cluster_request(spec: JobSpec) -> None:
-    """Withdraw the autoscaler request of compute.wait_for (it outlives the driver otherwise)."""
-    if spec.compute.wait_for is not None:
-        from fleetllm.ray_resources import request_from_autoscaler
+    """Withdraw the autoscaler request of compute.wait_for or of a deadline's scale-up (it outlives the driver
+    otherwise)."""
+    from fleetllm.ray_resources import request_from_autoscaler, requested_here
 
+    if spec.compute.wait_for is not None or requested_here():
         request_from_autoscaler({})
 
 

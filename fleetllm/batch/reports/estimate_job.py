@@ -231,9 +231,13 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
     return out
 
 
-def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None:
+def apply_deadline(plan, shape: JobShape | None = None,
+                   limits: dict[str, float] | None = None) -> dict[str, Any] | None:
     """compute.deadline: the plan's replicas become the fewest that meet it (replicas: auto), or the
-    plan is refused (DeadlineError naming the shortfall). None when the job has no deadline."""
+    plan is refused (DeadlineError naming the shortfall). None when the job has no deadline. `limits`: the most
+    CPUs and GPUs the cluster's autoscaler may grow it to (default: read from the connected Ray,
+    fleetllm.ray_resources.autoscaler_limits); replicas: auto may then plan past what fits now, and the run asks
+    the autoscaler for them (`scale_up`)."""
     spec = plan.spec
     if not spec.compute.deadline:
         return None
@@ -256,17 +260,45 @@ def apply_deadline(plan, shape: JobShape | None = None) -> dict[str, Any] | None
         return e["wall_s"], e["range"]["wall_s"][1]
 
     auto = spec.compute.replicas == "auto"
-    hint = "the cluster has room for" if auto else "compute.replicas sets"
+    now = plan.replicas
+    grown = autoscaled_replicas(plan, limits) if auto and not in_process else None
+    most, hint = ((grown, "the cluster's autoscaler allows") if grown and grown > now
+                  else (now, "the cluster has room for" if auto else "compute.replicas sets"))
     budget = seconds_until(spec.compute.deadline, time.time())
-    chosen, why = choose_replicas(wall, budget, plan.replicas, spec.compute.deadline, hint)
-    if auto and chosen != plan.replicas:
+    chosen, why = choose_replicas(wall, budget, most, spec.compute.deadline, hint)
+    out: dict[str, Any] = {"deadline": spec.compute.deadline, "budget_s": round(budget, 1)}
+    if auto and chosen != now:
         rp = plan.replica_plan
-        plan.replica_plan = dataclasses.replace(rp, replicas=chosen,
-                                                description=(*rp.description, f"{why} (of {rp.replicas} that fit)"))
+        said = (f"{why} (of {most} the autoscaler allows; {now} fit now, the cluster grows for the rest: the nodes' "
+                "start is not in the estimate)" if chosen > now else f"{why} (of {now} that fit)")
+        plan.replica_plan = dataclasses.replace(rp, replicas=chosen, description=(*rp.description, said))
+        if chosen > now:
+            gpus = chosen * rp.gpus_per_replica
+            out["scale_up"] = {"replicas_now": now, "resources": {**({"GPU": gpus} if gpus else {}),
+                                                                  "CPU": chosen * rp.cpus_per_replica}}
     elif not auto:
         chosen = plan.replicas
-    out = {"deadline": spec.compute.deadline, "budget_s": round(budget, 1), "replicas": chosen, "why": why}
+    out.update(replicas=chosen, why=why)
     where = executor(plan, chosen, in_process)
     if profile.measured_on(where) != where:
         out["startup_note"] = RAY_START_UNMEASURED
     return out
+
+
+def autoscaled_replicas(plan, limits: dict[str, float] | None = None) -> int | None:
+    """How many of the plan's replicas fit the most the cluster's autoscaler may grow it to (`limits`, else read
+    from the connected Ray); None where no autoscaler says."""
+    from fleetllm import sizing
+    from fleetllm.errors import PlanError
+    from fleetllm.ray_resources import MOST_AUTOSCALED_REPLICAS, autoscaler_limits
+
+    limits = limits if limits is not None else autoscaler_limits()
+    if not limits:
+        return None
+    rp = plan.replica_plan
+    try:
+        fit = sizing.plan_replicas(rp.engine, plan.engine_kwargs, "auto", rp.cpus_per_replica, rp.gpus_per_replica,
+                                   limits)
+    except PlanError:  # not even one replica in what the autoscaler may add: the present cluster decides
+        return None
+    return min(fit.replicas, MOST_AUTOSCALED_REPLICAS)

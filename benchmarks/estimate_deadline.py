@@ -83,7 +83,8 @@ def main() -> None:
     shape = job_shape(plan)
     prof = store.load_profile(profile_key(plan))
     for k in range(1, a.cpus + 1):
-        e = estimate_for(shape, layout(plan, k), prof.rates(), prof.startup("ray"), prof.overhead("ray"))
+        e = estimate_for(shape, layout(plan, k), prof.rates(), prof.startup("ray"), prof.overhead("ray"),
+                         startup_spread=prof.startup_spread("ray"))  # the range the plan's deadline reads
         by_k[k] = (e["wall_s"], e["range"]["wall_s"][1])
     result["estimate_by_replicas"] = by_k
     print("estimated wall by replicas (mid, high):", by_k)

@@ -291,7 +291,7 @@ def test_a_deadline_plans_past_the_present_nodes_where_the_autoscaler_may_grow_t
         plan = plan_job(spec, resources=cluster_resources())
         chosen = apply_deadline(plan, shape)
         assert chosen["replicas"] == plan.replicas == need and chosen["scale_up"] == {
-            "replicas_now": now, "resources": {"CPU": float(need)}}
+            "replicas_now": now, "resources": {"CPU": need + 0.5}}  # and the stream's 0.5 CPU
         assert any(f"of 19 the autoscaler allows; {now} fit now" in line for line in plan.describe())
     finally:
         _internal_kv_del(KEY, namespace=NS)

@@ -272,10 +272,11 @@ def apply_deadline(plan, shape: JobShape | None = None,
         said = (f"{why} (of {most} the autoscaler allows; {now} fit now, the cluster grows for the rest: the nodes' "
                 "start is not in the estimate)" if chosen > now else f"{why} (of {now} that fit)")
         plan.replica_plan = dataclasses.replace(rp, replicas=chosen, description=(*rp.description, said))
-        if chosen > now:
-            gpus = chosen * rp.gpus_per_replica
-            out["scale_up"] = {"replicas_now": now, "resources": {**({"GPU": gpus} if gpus else {}),
-                                                                  "CPU": chosen * rp.cpus_per_replica}}
+        if chosen > now:  # the replicas, and the job's read and prepare tasks beside two or more (sizing)
+            from fleetllm.sizing import STREAM_CPUS
+
+            gpus, cpus = chosen * rp.gpus_per_replica, chosen * rp.cpus_per_replica + STREAM_CPUS
+            out["scale_up"] = {"replicas_now": now, "resources": {**({"GPU": gpus} if gpus else {}), "CPU": cpus}}
     elif not auto:
         chosen = plan.replicas
     out.update(replicas=chosen, why=why)

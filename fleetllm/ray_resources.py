@@ -103,7 +103,8 @@ def autoscaler_limits() -> dict[str, float] | None:
     resources, as Ray's autoscaler reports its config to the GCS (what Ray Data and Ray Train read:
     `ray._private.state.state.get_max_resources_from_cluster_config`). None without a connected Ray, or where no
     autoscaler reported a config (a cluster of fixed size; Ray's open-source autoscaler v2 of Ray 2.60 does not
-    report it: seen with its fake multi-node provider). An unbounded group reads as MOST_AUTOSCALED_REPLICAS nodes."""
+    report it: seen with its fake multi-node provider). An unbounded group (Ray: sys.maxsize) is capped at
+    MOST_AUTOSCALED_REPLICAS x 1,024 of a resource."""
     import ray
 
     if not ray.is_initialized():

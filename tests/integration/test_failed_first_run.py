@@ -37,3 +37,14 @@ def test_the_corrected_rerun_of_a_run_that_committed_nothing_needs_no_overwrite(
     assert sorted(r["row_id"] for r in rows) == IDS
     with pytest.raises(PlanError, match="different job configuration"):  # results now: a change is refused
         run_job(spec(tmp_path, str(tiny_model), max_tokens=3))
+
+
+def test_a_replica_on_ray_that_cannot_load_its_model_says_why(tiny_model, tmp_path, ray_local):
+    """On Ray the engine starts in a replica's actor, whose death Ray Data reports as ActorDiedError: the run raises
+    the replica's own EngineError instead (the model folder named), as a run in this process does."""
+    from fleetllm.errors import EngineError
+
+    typo = tmp_path / "tiny-modle"
+    shutil.copytree(tiny_model, typo, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(EngineError, match=r"transformers could not load '.*tiny-modle'.*no file named"):
+        run_job(spec(tmp_path, str(typo)))

@@ -68,16 +68,14 @@ def report_node_groups(head_cpus: int, worker_cpus: int, workers: int) -> None:
 
 
 def estimate_highs(job, most: int) -> dict[int, float]:
-    """The upper end of the job's wall-time estimate with 1..most replicas on Ray (the range the deadline reads)."""
+    """The upper end of the job's wall-time estimate with 1..most replicas on Ray (what the deadline reads)."""
     from fleetllm.batch.planning.job_plan import plan_job
-    from fleetllm.batch.reports.estimate_job import job_shape, layout, profile_key
+    from fleetllm.batch.reports.estimate_job import job_shape, profile_key, wall_by_replicas
     from fleetllm.estimate import store
-    from fleetllm.estimate.estimate import estimate
 
     plan = plan_job(job, resources={"CPU": most + 1.0})
-    shape, prof = job_shape(plan), store.load_profile(profile_key(plan))
-    return {k: estimate(shape, layout(plan, k), prof.rates(), prof.startup("ray"), prof.overhead("ray"),
-                        startup_spread=prof.startup_spread("ray"))["range"]["wall_s"][1] for k in range(1, most + 1)}
+    wall = wall_by_replicas(plan, job_shape(plan), store.load_profile(profile_key(plan)), in_process=False)
+    return {k: wall(k)[1] for k in range(1, most + 1)}
 
 
 def main() -> None:

@@ -33,13 +33,12 @@ def main() -> None:
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fleetllm-deadline-"))
     os.environ["FLEETLLM_HOME"] = str(work / "home")
-    from fleetllm.batch.reports.estimate_job import job_shape, layout, profile_key
+    from fleetllm.batch.reports.estimate_job import job_shape, profile_key, wall_by_replicas
     from fleetllm.batch.reports.estimate_probe import calibrate
     from fleetllm.batch.planning.job_plan import plan_job
     from fleetllm.batch.runner import run_job
     from fleetllm.errors import PlanError
     from fleetllm.estimate import store
-    from fleetllm.estimate.estimate import estimate as estimate_for
     from fleetllm.sizing import cluster_resources
     from fleetllm.spec import JobSpec
     from fleetllm.testing.tiny_model import make_tiny_model
@@ -78,14 +77,9 @@ def main() -> None:
     print(f"first job on Ray ({a.first_rows} rows, {first['replicas']} replicas): {first['wall_time_s']} s; the "
           f"profile's start on Ray {prof.startup_ray_s} s (in process: {prof.startup_s} s)")
     one = run_job(spec(None, "dry"), dry_run=True, as_json=True)  # sized for the Ray cluster
-    by_k = {}
     plan = plan_job(spec(None, "dry"), resources=cluster_resources())
-    shape = job_shape(plan)
-    prof = store.load_profile(profile_key(plan))
-    for k in range(1, a.cpus + 1):
-        e = estimate_for(shape, layout(plan, k), prof.rates(), prof.startup("ray"), prof.overhead("ray"),
-                         startup_spread=prof.startup_spread("ray"))  # the range the plan's deadline reads
-        by_k[k] = (e["wall_s"], e["range"]["wall_s"][1])
+    wall = wall_by_replicas(plan, job_shape(plan), store.load_profile(profile_key(plan)), in_process=False)
+    by_k = {k: wall(k) for k in range(1, a.cpus + 1)}  # what the plan's deadline reads
     result["estimate_by_replicas"] = by_k
     print("estimated wall by replicas (mid, high):", by_k)
     tight = max(1, int(by_k[a.cpus][1] * 0.5))

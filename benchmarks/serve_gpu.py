@@ -45,7 +45,8 @@ from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_
                              variant_engine_kwargs, variant_env, variant_spec)
 from serve_servers import (Server, bench_env, fleetllm_serve, spy_on_replica, step_counts,  # noqa: E402
                            step_histogram, vllm_serve)
-from stream_trace_report import load as load_trace, loop_summary, summarize as trace_summary  # noqa: E402
+from stream_trace_report import (count_by_token_index, load as load_trace, loop_summary,  # noqa: E402
+                                 summarize as trace_summary)
 
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "max_concurrent_requests")
@@ -114,7 +115,6 @@ def summarize(result: dict) -> dict:
 
 
 LONG_GAP_MS = 20.0
-GAP_INDEX_BUCKETS = ((1, 1), (2, 7), (8, 31), (32, 10**9))
 
 
 def long_gaps(itls: list[list[float]], over_ms: float = LONG_GAP_MS) -> dict:
@@ -122,11 +122,9 @@ def long_gaps(itls: list[list[float]], over_ms: float = LONG_GAP_MS) -> dict:
     where in its stream each fell (the gap before token i, i = 1 right after the first): a stream that decodes
     while later prompts prefill waits at its first tokens, one held by the server's own path anywhere."""
     gaps = [(i + 1, g * 1000) for x in itls for i, g in enumerate(x)]
-    long = [(i, ms) for i, ms in gaps if ms > over_ms]
-    where = {f"{a}" if a == b else (f"{a}+" if b >= 10**9 else f"{a}-{b}"): sum(1 for i, _ in long if a <= i <= b)
-             for a, b in GAP_INDEX_BUCKETS}
+    long = [i for i, ms in gaps if ms > over_ms]
     return {"over_ms": over_ms, "count": len(long), "share": round(len(long) / len(gaps), 4) if gaps else None,
-            "by_token_index": where}
+            "by_token_index": count_by_token_index(long)}
 
 
 def save(doc: dict, out: Path) -> None:

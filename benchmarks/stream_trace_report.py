@@ -84,13 +84,18 @@ def summarize(streams: list[dict]) -> dict:
 INDEX_BUCKETS = ((1, 1), (2, 7), (8, 31), (32, 10**9))
 
 
-def by_token_index(streams: list[dict], over_s: float) -> dict:
-    """The engine gaps over `over_s` by where in its stream each fell (the gap before token i, i = 1 right after
-    the first): a stream decoding while later prompts prefill waits at its first tokens (the same buckets as
-    serve_gpu.py's client `long_gaps`)."""
-    idx = [i + 1 for s in streams for i, g in enumerate(gaps([t for t in s["engine"] if t >= 0])) if g > over_s]
-    return {f"{a}" if a == b else (f"{a}+" if b >= 10**9 else f"{a}-{b}"): sum(1 for i in idx if a <= i <= b)
+def count_by_token_index(indices: list[int]) -> dict:
+    """Gaps counted by where in its stream each fell (the gap before token i, i = 1 right after the first), in
+    INDEX_BUCKETS: a stream decoding while later prompts prefill waits at its first tokens. Also serve_gpu.py's
+    client `long_gaps`."""
+    return {f"{a}" if a == b else (f"{a}+" if b >= 10**9 else f"{a}-{b}"): sum(1 for i in indices if a <= i <= b)
             for a, b in INDEX_BUCKETS}
+
+
+def by_token_index(streams: list[dict], over_s: float) -> dict:
+    """The engine gaps over `over_s` by where in its stream each fell (count_by_token_index)."""
+    return count_by_token_index([i + 1 for s in streams
+                                 for i, g in enumerate(gaps([t for t in s["engine"] if t >= 0])) if g > over_s])
 
 
 def first_token_groups(streams: list[dict], within_s: float = 0.010) -> int:

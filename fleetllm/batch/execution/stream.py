@@ -110,8 +110,6 @@ def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Ca
     progress to a board (fleetllm.batch.execution.progress_board): `on_engine(board_engine, ready_at)` once the
     first replica is ready, then `on_tick()` every TICK_S from a thread beside the stream. Returns the
     replicas' timestamps (first ready, first call, last call done)."""
-    import ray.exceptions
-
     times = {"ready": float("inf"), "first_call": float("inf"), "last_done": 0.0}
     by_id = {s.shard_id: s for s in plan.pending}
     assembler = ShardAssembler(plan.pending)
@@ -119,7 +117,7 @@ def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Ca
     ds = build_dataset(plan, preprocessor, ticker.board if ticker is not None else None)
     try:
         for batch in replica_errors_named(ds.iter_batches(batch_format="pyarrow", batch_size=None,
-                                                          prefetch_batches=0), ray.exceptions.ActorDiedError):
+                                                          prefetch_batches=0)):
             readies = run_field(batch, "ready") if times["ready"] == float("inf") else []
             if readies:
                 times["ready"] = min(readies)
@@ -133,21 +131,23 @@ def run_on_ray(plan: JobPlan, preprocessor: Callable[[dict], dict], on_shard: Ca
     return times
 
 
-def replica_errors_named(batches, died: type[BaseException]):
+def replica_errors_named(batches):
     """The stream's batches; a replica whose actor died (its engine failed to start: Ray Data reports the actor's
     death, with the engine's error as text) raises fleetllm's own error as the replica raised it (an EngineError
     naming the model folder and the fix, as an in-process run says it), else an EngineError quoting the cause."""
     import re
 
+    from ray.exceptions import ActorDiedError
+
     from fleetllm import errors
 
     try:
         yield from batches
-    except died as exc:
+    except ActorDiedError as exc:
         text = str(exc)
         ours = re.findall(r"fleetllm\.errors\.(\w+): (.+)", text)
         kind = getattr(errors, ours[-1][0], None) if ours else None
-        if kind is not None and isinstance(kind, type) and issubclass(kind, errors.FleetError):
+        if isinstance(kind, type) and issubclass(kind, errors.FleetError):
             raise kind(ours[-1][1].strip()) from exc
         cause = re.findall(r"^\s*([\w.]+(?:Error|Exception): .+)$", text, flags=re.M)
         raise errors.EngineError(f"a replica died: {cause[-1].strip() if cause else text.splitlines()[0]}; its Ray "

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from fleetllm.engines.capabilities import capabilities
 from fleetllm.estimate import store
@@ -231,6 +231,21 @@ def estimate_plan(plan, shape: JobShape | None = None) -> dict[str, Any]:
     return out
 
 
+def wall_by_replicas(plan, shape: JobShape, profile: store.Profile,
+                     in_process: bool) -> Callable[[int], tuple[float, float]]:
+    """The job's estimated wall seconds on k replicas, (estimate, the range's upper end): what compute.deadline
+    reads (`in_process`: local_run.runs_in_process(plan.spec))."""
+    rates = profile.rates()
+
+    def wall(k: int) -> tuple[float, float]:
+        where = executor(plan, k, in_process)
+        e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, profile.startup(where),
+                     profile.overhead(where), startup_spread=profile.startup_spread(where))
+        return e["wall_s"], e["range"]["wall_s"][1]
+
+    return wall
+
+
 def apply_deadline(plan, shape: JobShape | None = None,
                    limits: dict[str, float] | None = None) -> dict[str, Any] | None:
     """compute.deadline: the plan's replicas become the fewest that meet it (replicas: auto), or the
@@ -251,14 +266,8 @@ def apply_deadline(plan, shape: JobShape | None = None,
                         f"(a probe of {probe_cost(shape)['rows']} rows), or remove the deadline")
     from fleetllm.batch.execution.local_run import runs_in_process
 
-    rates, in_process = profile.rates(), runs_in_process(spec)  # the same for every replica count tried
-
-    def wall(k: int) -> tuple[float, float]:
-        where = executor(plan, k, in_process)
-        e = estimate(shape, layout(plan, k, profile.max_num_seqs), rates, profile.startup(where),
-                     profile.overhead(where), startup_spread=profile.startup_spread(where))
-        return e["wall_s"], e["range"]["wall_s"][1]
-
+    in_process = runs_in_process(spec)  # the same for every replica count tried
+    wall = wall_by_replicas(plan, shape, profile, in_process)
     auto = spec.compute.replicas == "auto"
     now = plan.replicas
     grown = autoscaled_replicas(plan, limits) if auto and not in_process else None

@@ -45,7 +45,8 @@ from serve_gpu_plan import (STOP_RESERVE_S, fleet_variants, print_plan, prompts_
                              variant_engine_kwargs, variant_env, variant_spec)
 from serve_servers import (Server, bench_env, fleetllm_serve, spy_on_replica, step_counts,  # noqa: E402
                            step_histogram, vllm_serve)
-from stream_trace_report import (count_by_token_index, load as load_trace, loop_summary,  # noqa: E402
+from serve_client_stats import long_gaps, waves  # noqa: E402
+from stream_trace_report import (load as load_trace, loop_summary,  # noqa: E402
                                  summarize as trace_summary)
 
 SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
@@ -111,20 +112,8 @@ def summarize(result: dict) -> dict:
     out["tokens_per_chunk"] = round(result["total_output_tokens"] / chunks, 2) if chunks else None
     out["errors"] = sorted({e for e in result.get("errors") or [] if e})[:3]
     out["long_gaps"] = long_gaps(itls)
+    out["waves"] = waves(result.get("start_times") or [], result.get("ttfts") or [])
     return out
-
-
-LONG_GAP_MS = 20.0
-
-
-def long_gaps(itls: list[list[float]], over_ms: float = LONG_GAP_MS) -> dict:
-    """The client's gaps over `over_ms` (vLLM's bench reports seconds): how many, their share of all gaps, and
-    where in its stream each fell (the gap before token i, i = 1 right after the first): a stream that decodes
-    while later prompts prefill waits at its first tokens, one held by the server's own path anywhere."""
-    gaps = [(i + 1, g * 1000) for x in itls for i, g in enumerate(x)]
-    long = [i for i, ms in gaps if ms > over_ms]
-    return {"over_ms": over_ms, "count": len(long), "share": round(len(long) / len(gaps), 4) if gaps else None,
-            "by_token_index": count_by_token_index(long)}
 
 
 def save(doc: dict, out: Path) -> None:
@@ -261,6 +250,10 @@ def compare(args) -> None:
                 if lg.get("count"):
                     print(f"    client gaps > {lg['over_ms']:g} ms: {lg['count']} ({lg['share']:.2%}), by token index "
                           + ", ".join(f"{k} {v}" for k, v in lg["by_token_index"].items()), flush=True)
+                wv = run.get("waves") or {}
+                if wv.get("send_bursts"):
+                    print(f"    client: {wv['send_bursts']} bursts sent, first tokens in {wv['first_token_steps']} "
+                          f"steps ({wv['steps_per_burst']} a burst)", flush=True)
                 if steps is not None:
                     print("    engine steps by tokens: " + ", ".join(f"{k} {v}" for k, v in steps.items() if v),
                           flush=True)

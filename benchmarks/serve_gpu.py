@@ -55,11 +55,15 @@ OPTIONAL = ("--num-warmups", "--ready-check-timeout-sec", "--percentile-metrics"
             "--disable-tqdm", "--random-range-ratio", "--temperature", "--save-detailed")
 
 
-def bench_argv(server: Server, model: str, args, concurrency: int | None, rate: float | None, prompts: int) -> list[str]:
+def bench_argv(server: Server, model: str, args, concurrency: int | None, rate: float | None, prompts: int,
+               seed: int = 0) -> list[str]:
+    """`vllm bench serve`'s arguments for one run. `seed` picks the random prompts: the servers of one round and
+    level get the same prompts, every round and level its own (with one seed for all, a later round's prompts sat
+    in vLLM's prefix cache from an earlier one and skipped their prefill: lease 19's c=32 rounds 2-6)."""
     argv = ["--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", server.url[:-3],
             "--model", "bench", "--tokenizer", model, "--dataset-name", "random", "--random-input-len",
             str(args.input_len), "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
-            "--num-prompts", str(prompts), "--ignore-eos", "--temperature", "0", "--seed", "0",
+            "--num-prompts", str(prompts), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--disable-tqdm", "--ready-check-timeout-sec", "120", "--num-warmups", str(args.warmups),
             "--save-detailed"]
@@ -216,7 +220,7 @@ def compare(args) -> None:
                     continue
                 prompts = prompts_for(kind, value, args)
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
-                                  value if kind == "rate" else None, prompts)
+                                  value if kind == "rate" else None, prompts, seed=1000 * (rnd + 1) + int(value))
                 steps0 = step_histogram(s.url)  # vLLM's tokens a step, before and after (both servers report it)
                 t0, m0 = time.time(), time.monotonic()
                 spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s, s.proc.pid) if (

@@ -177,12 +177,16 @@ def main() -> None:
     try:
         client = openai.OpenAI(base_url=server.url, api_key="EMPTY", max_retries=2, timeout=600)
         file_id = client.files.create(file=("batch.jsonl", batch_lines(model_dir, args)), purpose="batch").id
-        argv = lambda c, n: bench_argv(server, model_dir, args, c, None, n)  # noqa: E731
+        # every leg of every round its own random prompts: with one seed for all (leases 10-19), the with-batch
+        # leg's interactive prompts and every later round's sat in vLLM's prefix cache and skipped their prefill
+        argv = lambda c, n, seed: bench_argv(server, model_dir, args, c, None, n, seed=seed)  # noqa: E731
         peak_prompts = max(args.prompts, 2 * args.peak_concurrency)  # every slot busy for two waves
         for r in range(args.rounds):
-            rnd = {"alone": summarize(run_bench(argv(args.concurrency, args.prompts))[0]),
-                   "with_batch": with_batch(server, client, file_id, argv(args.concurrency, args.prompts), args),
-                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts))[0])}
+            seed = 100 * (r + 1)
+            rnd = {"alone": summarize(run_bench(argv(args.concurrency, args.prompts, seed + 1))[0]),
+                   "with_batch": with_batch(server, client, file_id, argv(args.concurrency, args.prompts, seed + 2),
+                                            args),
+                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts, seed + 3))[0])}
             doc["rounds"].append(rnd)
             doc["summary"] = ratios(doc["rounds"])
             save(doc, Path(args.out))

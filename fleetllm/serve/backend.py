@@ -10,7 +10,6 @@ any object with the `Backend` shape: `stream(payload)`, `embed(payload)`, `stats
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sys
 import time
@@ -222,7 +221,7 @@ class ModelServer:
             try:
                 async for delta in self.engine.generate_stream(request):
                     seen.add(delta)
-                    item = dataclasses.asdict(delta)
+                    item = dict(vars(delta))  # shallow: each delta is new (asdict's deep copy: ~7 us a token)
                     trace.delta(item.pop("emitted_at"))
                     item["num_cached_tokens"] = (item.get("num_cached_tokens") or 0) if details else None
                     buf.append(item)

@@ -3,7 +3,7 @@ start times, TTFTs and gaps): where the long gaps fell in their streams, and whe
 
 from __future__ import annotations
 
-from stream_trace_report import count_by_token_index
+from stream_trace_report import bursts, count_by_token_index
 
 LONG_GAP_MS = 20.0
 
@@ -18,18 +18,12 @@ def long_gaps(itls: list[list[float]], over_ms: float = LONG_GAP_MS) -> dict:
             "by_token_index": count_by_token_index(long)}
 
 
-def groups(times: list[float], within_s: float) -> int:
-    """How many bursts the moments form (one within `within_s` of the previous joins its burst)."""
-    times = sorted(times)
-    return sum(1 for i, t in enumerate(times) if i == 0 or t - times[i - 1] > within_s)
-
-
 def waves(starts: list[float], ttfts: list[float]) -> dict:
     """Whether the load stayed in waves, from the client's own clock: bursts of requests sent (a new request goes
     out as one ends: a wave whose streams end in one engine step sends together) and bursts of first tokens (the
     engine steps that finished the waves' prefills). More first-token steps per wave: the prompts reached the
     engine spread out, and every stream that already decodes waits out each later prefill step."""
-    sent = groups(starts, 0.020)
-    firsts = groups([s + t for s, t in zip(starts, ttfts) if t], 0.010)
+    sent = bursts(starts, 0.020)
+    firsts = bursts([s + t for s, t in zip(starts, ttfts) if t], 0.010)
     return {"send_bursts": sent, "first_token_steps": firsts,
             "steps_per_burst": round(firsts / sent, 2) if sent else None}

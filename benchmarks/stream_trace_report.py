@@ -98,11 +98,17 @@ def by_token_index(streams: list[dict], over_s: float) -> dict:
                                  for i, g in enumerate(gaps([t for t in s["engine"] if t >= 0])) if g > over_s])
 
 
+def bursts(times: list[float], within_s: float) -> int:
+    """How many bursts the moments form (one within `within_s` of the previous joins its burst). Also
+    serve_client_stats.py's client-side waves."""
+    times = sorted(times)
+    return sum(1 for i, t in enumerate(times) if i == 0 or t - times[i - 1] > within_s)
+
+
 def first_token_groups(streams: list[dict], within_s: float = 0.010) -> int:
     """How many engine steps gave streams their first token (first outputs within `within_s` of the previous one
     count as one step): the prefill steps the streams' prompts were spread over."""
-    firsts = sorted(s["engine"][0] for s in streams if s["engine"] and s["engine"][0] >= 0)
-    return sum(1 for i, t in enumerate(firsts) if i == 0 or t - firsts[i - 1] > within_s)
+    return bursts([s["engine"][0] for s in streams if s["engine"] and s["engine"][0] >= 0], within_s)
 
 
 def loop_summary(folder: str | Path, start: float | None = None, end: float | None = None) -> dict:

@@ -23,6 +23,15 @@ at the tolerance and the batch below the sequences where throughput stops growin
 under `gap_p99` they only mark interactive traffic as present. The gaps start at the first token: TTFT is left
 to the engine's priority order (lease 15: 0.88x of alone).
 
+The baseline is the best latency seen, and it can be one the batch cannot give back: an interactive load alone
+in lock-step waves (equal lengths, closed loop: its prompts prefill together between decode runs) has a lower
+p99 gap than the same load arriving spread out, as it does beside any batch (its own prefill chunks land in
+other streams' decode steps). Lease 20 (H100): after such a baseline the window sat at its floor through two
+30-second legs, the batch completing no row. So once the window has held its floor (no more batch rows in the
+engines than the floor) while FLOOR_SAMPLES samples came (under `gap_p99` also a whole pool of new gaps) and the
+interactive latency is still past the tolerance, that latency is the interactive traffic's own: it becomes the
+baseline, and the window grows again from there.
+
 One gate per API process and model: on the direct path that is each replica (its own engine), behind the
 separate ingress each ingress replica over the model's replicas.
 """
@@ -48,6 +57,7 @@ DEFAULT_MAX_WINDOW = 1024
 SIGNALS = ("token_latency", "gap_p99")
 GAP_POOL = 2000  # the interactive chunk gaps the p99 is taken over (~1 s of 8 streams at 5 ms a token)
 GAP_MIN = 200  # no sample before this many gaps: the 99th percentile of fewer is one outlier
+FLOOR_SAMPLES = 10  # samples at the floor before its latency is taken as the baseline (smoothing 0.2 forgets 0.9)
 
 
 def checked_signal(signal: str, source: str = "admission signal") -> str:
@@ -107,6 +117,8 @@ class BatchAdmission:
         self.last_interactive = float("-inf")
         self.waiting = 0
         self.gaps: collections.deque[float] = collections.deque(maxlen=GAP_POOL)  # gap_p99's pool
+        self.at_floor: list[int] | None = None  # [samples, gaps] since the window came to its floor (rows included)
+        self.rebaselines = 0
         self._changed = asyncio.Event()
 
     # --- pure part (no waiting): what the unit tests drive -----------------------------------------------
@@ -133,10 +145,30 @@ class BatchAdmission:
             self.gaps.extend(gaps)
             if len(self.gaps) >= GAP_MIN:
                 self.window.on_sample(Ticket(sent_at=sent_at), p99(self.gaps))
+        self._settle_floor(len(gaps or ()))
         self._changed.set()
 
+    def _settle_floor(self, new_gaps: int) -> None:
+        """Past the tolerance with the window held at its floor over FLOOR_SAMPLES samples (and, under
+        `gap_p99`, a pool of gaps all taken there): the latency is not the batch's, it becomes the baseline."""
+        w, floor = self.window, self.window.config.min_window
+        if w.limit > floor or w.in_flight > floor:
+            self.at_floor = None
+            return
+        if self.at_floor is None:
+            self.at_floor = [0, 0]
+            return
+        self.at_floor[0] += 1
+        self.at_floor[1] += new_gaps
+        settled = self.at_floor[0] >= FLOOR_SAMPLES and (self.signal != "gap_p99" or self.at_floor[1] >= GAP_POOL)
+        base, latest = w.baseline_latency, w.smoothed_latency
+        if settled and base and latest and latest > w.config.latency_tolerance * base:
+            w.baseline_latency = latest
+            self.rebaselines += 1
+            self.at_floor = [0, 0]
+
     def snapshot(self) -> dict[str, object]:
-        return {**self.window.snapshot(), "waiting": self.waiting}
+        return {**self.window.snapshot(), "waiting": self.waiting, "rebaselines": self.rebaselines}
 
     # --- asyncio part ------------------------------------------------------------------------------------
 

@@ -151,3 +151,55 @@ def test_an_unknown_admission_signal_is_refused_naming_the_choices(monkeypatch):
     assert signal_from_env() == "gap_p99"
     with pytest.raises(ValueError, match="token_latency, gap_p99"):
         BatchAdmission(signal="p99")
+
+
+def _at_the_floor_after_a_lock_step_baseline(later_p99_s: float) -> BatchAdmission:
+    """A gap_p99 gate whose baseline came from a lock-step load alone (worst gaps 7 ms), then batch rows and
+    interactive worst gaps of `later_p99_s` until the window is at its floor and its rows have left."""
+    g = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
+    interactive(g, g.clock, 30, 0.005, p99_s=0.007)
+    tickets = [g.try_admit() for _ in range(g.window.limit)]
+    interactive(g, g.clock, 30, 0.006, p99_s=0.0126)  # 1.8x: cut and cut again
+    for t in tickets:
+        g.done(t)
+    assert g.window.limit == 1 and g.window.in_flight == 0
+    interactive(g, g.clock, 35, 0.006, p99_s=later_p99_s)  # a new pool of gaps at the floor, no batch row running
+    return g
+
+
+def test_a_tail_the_floor_cannot_bring_back_becomes_the_baseline_and_the_window_reopens():
+    g = _at_the_floor_after_a_lock_step_baseline(0.0126)  # spread-out arrivals: the load's own prefill steps
+    assert g.rebaselines == 1
+    assert abs(g.window.baseline_latency - g.window.smoothed_latency) < 0.002
+    interactive(g, g.clock, 20, 0.006, p99_s=0.0126)
+    assert g.window.limit > 1  # the batch runs again, cut only past 1.25x of the new baseline
+    assert g.snapshot()["rebaselines"] == 1
+
+
+def test_a_tail_that_comes_back_at_the_floor_keeps_its_baseline():
+    g = _at_the_floor_after_a_lock_step_baseline(0.007)  # the batch was the cause: at the floor the tail is back
+    assert g.rebaselines == 0
+    assert g.window.baseline_latency <= 0.0071
+
+
+def test_rows_still_in_the_engine_keep_the_baseline():
+    g = BatchAdmission(admission_config(max_window=64, signal="gap_p99"), clock=Clock(), signal="gap_p99")
+    interactive(g, g.clock, 30, 0.005, p99_s=0.007)
+    tickets = [g.try_admit() for _ in range(g.window.limit)]
+    interactive(g, g.clock, 60, 0.006, p99_s=0.0126)  # the window at its floor, its earlier rows still running
+    assert g.window.limit == 1 and g.window.in_flight > 1
+    assert g.rebaselines == 0
+    for t in tickets:
+        g.done(t)
+
+
+def test_under_token_latency_a_heavier_interactive_load_becomes_the_baseline_at_the_floor():
+    g, clock = gate(max_window=64)
+    interactive(g, clock, 30, 0.005)
+    tickets = [g.try_admit() for _ in range(g.window.limit)]
+    interactive(g, clock, 30, 0.009)  # 1.8x a token: the window cut to its floor
+    for t in tickets:
+        g.done(t)
+    assert g.window.limit == 1 and g.rebaselines == 0
+    interactive(g, clock, 12, 0.009)  # more interactive users, not the batch: the floor changes nothing
+    assert g.rebaselines == 1 and g.window.baseline_latency > 0.008

@@ -106,6 +106,7 @@ def add_model_routes(app: FastAPI, handlers: Handlers) -> None:
         for m, gate in handlers.admissions.items():
             metrics.batch_window.labels(m).set(gate.window.limit)
             metrics.batch_waiting.labels(m).set(gate.waiting)
+            metrics.batch_rebaselines.labels(m).set(gate.rebaselines)
         body, ctype = metrics.render()
         return Response(body, media_type=ctype)
 

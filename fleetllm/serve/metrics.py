@@ -67,6 +67,9 @@ class ServeMetrics:
                                   "the engines at once (fleetllm.serve.batch_admission).", ["model"], registry=r)
         self.batch_waiting = Gauge("fleetllm_batch_admission_waiting", "Batch API rows held back by the admission "
                                    "window.", ["model"], registry=r)
+        self.batch_rebaselines = Gauge("fleetllm_batch_admission_rebaselines", "Times the admission window's "
+                                       "interactive-latency baseline was re-learned at its floor (since start).",
+                                       ["model"], registry=r)
         self.vllm: dict[str, list[Any]] = {}  # model -> merged vLLM metric families (set_vllm)
         r.register(self)
         self.healthy = Gauge("fleetllm_model_healthy", "1 when the model's engine answers, else 0.", ["model"],

@@ -128,6 +128,8 @@ def test_cancel_stops_and_keeps_partial_output(client, served):
     assert 'fleetllm_batch_requests_total{endpoint="chat",model="smollm2",status="200"}' in metrics
     window = re.search(r'^fleetllm_batch_admission_window\{model="smollm2"\} (\S+)$', metrics, re.M)
     assert window and float(window.group(1)) >= 1  # batch rows went through the admission window
+    rebaselines = re.search(r'^fleetllm_batch_admission_rebaselines\{model="smollm2"\} (\S+)$', metrics, re.M)
+    assert rebaselines and float(rebaselines.group(1)) >= 0  # exported beside the window
 
 
 def test_completion_window_expires_with_finished_lines_kept(client):

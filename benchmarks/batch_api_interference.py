@@ -89,6 +89,15 @@ def output_tokens(url: str) -> float:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
+def admission(url: str) -> dict:
+    """The batch admission window's gauges now (/metrics): window, waiting rows, re-learned baselines."""
+    import httpx
+
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    found = re.findall(r'^fleetllm_batch_admission_(\w+)\{[^}]*\} ([0-9.e+]+)$', text, re.M)
+    return {name: float(value) for name, value in found}
+
+
 def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> dict:
     """Start the batch, wait until it computes, run the interactive load, measure, cancel."""
     import openai
@@ -101,7 +110,7 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
     t0, tok0 = time.time(), output_tokens(server.url)
     result, _ = run_bench(argv)
     wall, toks = time.time() - t0, output_tokens(server.url) - tok0
-    state = client.batches.retrieve(batch.id)
+    state, gate = client.batches.retrieve(batch.id), admission(server.url)
     try:
         client.batches.cancel(batch.id)
     except openai.ConflictError:  # it finished during the load (a small batch): nothing to cancel
@@ -110,7 +119,7 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
         time.sleep(0.5)
     run = summarize(result)
     run.update(total_output_tok_s=round(toks / wall, 1), batch_completed_during=state.request_counts.completed,
-               batch_status_during=state.status)
+               batch_status_during=state.status, admission_at_end=gate)
     return run
 
 
@@ -136,6 +145,11 @@ def print_table(doc: dict) -> None:
     print(f"{'total output tok/s':<26}{med('peak', 'output_throughput'):>12.1f}"
           f"{med('with_batch', 'total_output_tok_s'):>12.1f}{doc['summary']['total_tok_s_vs_peak']:>8.2f}  >= 0.9 "
           f"(alone: peak at c={doc['args']['peak_concurrency']})")
+    waves = lambda leg: [(r[leg].get("waves") or {}).get("send_bursts") for r in doc["rounds"]]  # noqa: E731
+    print(f"bursts sent a round (alone / with batch; {doc['args']['prompts']} requests: near that many is spread out, "
+          f"near prompts / c is lock-step): {waves('alone')} / {waves('with_batch')}")
+    print("batch rows completed during the with-batch leg: "
+          f"{[r['with_batch'].get('batch_completed_during') for r in doc['rounds']]}")
 
 
 def main() -> None:
@@ -150,6 +164,9 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="the interactive legs' Poisson arrivals a second, still at most --concurrency at once "
+                        "(default: closed loop; its equal-length streams can run in lock-step waves alone: lease 20)")
     p.add_argument("--peak-concurrency", type=int, default=256)
     p.add_argument("--prompts", type=int, default=128, help="interactive requests per load run")
     p.add_argument("--batch-size", type=int, default=4096)
@@ -179,14 +196,15 @@ def main() -> None:
         file_id = client.files.create(file=("batch.jsonl", batch_lines(model_dir, args)), purpose="batch").id
         # every leg of every round its own random prompts: with one seed for all (leases 10-19), the with-batch
         # leg's interactive prompts and every later round's sat in vLLM's prefix cache and skipped their prefill
-        argv = lambda c, n, seed: bench_argv(server, model_dir, args, c, None, n, seed=seed)  # noqa: E731
+        argv = lambda c, n, seed, rate=args.request_rate: bench_argv(  # noqa: E731
+            server, model_dir, args, c, rate, n, seed=seed)
         peak_prompts = max(args.prompts, 2 * args.peak_concurrency)  # every slot busy for two waves
         for r in range(args.rounds):
             seed = 100 * (r + 1)
             rnd = {"alone": summarize(run_bench(argv(args.concurrency, args.prompts, seed + 1))[0]),
                    "with_batch": with_batch(server, client, file_id, argv(args.concurrency, args.prompts, seed + 2),
                                             args),
-                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts, seed + 3))[0])}
+                   "peak": summarize(run_bench(argv(args.peak_concurrency, peak_prompts, seed + 3, None))[0])}
             doc["rounds"].append(rnd)
             doc["summary"] = ratios(doc["rounds"])
             save(doc, Path(args.out))

@@ -23,11 +23,11 @@ at the tolerance and the batch below the sequences where throughput stops growin
 under `gap_p99` they only mark interactive traffic as present. The gaps start at the first token: TTFT is left
 to the engine's priority order (lease 15: 0.88x of alone).
 
-The baseline is the best latency seen, and it can be one the batch cannot give back: an interactive load alone
-in lock-step waves (equal lengths, closed loop: its prompts prefill together between decode runs) has a lower
-p99 gap than the same load arriving spread out, as it does beside any batch (its own prefill chunks land in
-other streams' decode steps). Lease 20 (H100): after such a baseline the window sat at its floor through two
-30-second legs, the batch completing no row. So once the window has held its floor (no more batch rows in the
+The baseline is the best latency seen, and it can be one the batch cannot give back: an interactive load alone in
+lock-step waves (equal lengths, closed loop: its prompts prefill together between decode runs) has a lower p99 gap
+than the same load arriving spread out, as it does beside any batch (its own prefill chunks land in other streams'
+decode steps). Lease 20 (H100): after such a baseline the batch completed no row in two 30-second legs (it drew ~50
+and ~550 tokens/s: a window of a few rows at most). So once the window has held its floor (no more batch rows in the
 engines than the floor) while FLOOR_SAMPLES samples came (under `gap_p99` also a whole pool of new gaps) and the
 interactive latency is still past the tolerance, that latency is the interactive traffic's own: it becomes the
 baseline, and the window grows again from there.

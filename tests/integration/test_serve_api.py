@@ -165,15 +165,11 @@ def test_one_stream_under_the_budget_gets_its_deltas_as_they_come(app):
 def test_a_stream_trace_records_every_delta_once_in_order(app, tmp_path, monkeypatch):
     """FLEETLLM_STREAM_TRACE (fleetllm.serve.stream_trace): one line per stream, a timestamp per delta at the
     engine and at the serving loop, each message's time and delta count; the report reads them back."""
-    import importlib.util
-    from pathlib import Path
+    from bench_modules import benchmark_module
 
     from fleetllm.serve import stream_trace
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_trace_report.py"
-    spec = importlib.util.spec_from_file_location("stream_trace_report", path)
-    report = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(report)
+    report = benchmark_module("stream_trace_report")
 
     monkeypatch.setattr(stream_trace, "TRACE_DIR", str(tmp_path))
     _, servers = app

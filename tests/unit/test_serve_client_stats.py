@@ -3,22 +3,11 @@ times, TTFTs, gaps): whether a load stayed in waves, and where its long gaps fel
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_modules import benchmark_module
 
 
 def stats_module():
-    sys.path.insert(0, str(BENCH))  # it imports stream_trace_report beside it, as serve_gpu.py runs it
-    try:
-        spec = importlib.util.spec_from_file_location("serve_client_stats", BENCH / "serve_client_stats.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return benchmark_module("serve_client_stats")
 
 
 def test_a_wave_split_in_two_shows_as_a_third_burst_and_more_first_token_steps():

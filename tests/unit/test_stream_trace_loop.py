@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.util
 import json
 import time
-from pathlib import Path
+
+from bench_modules import benchmark_module
 
 from fleetllm.serve.stream_trace import LoopWatch
 
 
 def report_module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_trace_report.py"
-    spec = importlib.util.spec_from_file_location("stream_trace_report", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("stream_trace_report")
 
 
 def test_a_blocked_loop_and_a_full_collection_are_recorded_and_summed(tmp_path):

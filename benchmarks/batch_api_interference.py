@@ -80,20 +80,21 @@ def batch_lines(model_dir: str, args) -> bytes:
     return "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
 
 
-def output_tokens(url: str) -> float:
-    """Interactive + batch output tokens the server has counted (/metrics)."""
+def metrics_text(url: str) -> str:
+    """The server's /metrics, as text."""
     import httpx
 
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+
+
+def output_tokens(text: str) -> float:
+    """Interactive + batch output tokens the server has counted (in /metrics' `text`)."""
     pattern = r'^fleetllm_(?:batch_)?output_tokens_total\{[^}]*\} ([0-9.e+]+)$'
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
-def admission(url: str) -> dict:
-    """The batch admission window's gauges now (/metrics): window, waiting rows, re-learned baselines."""
-    import httpx
-
-    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+def admission(text: str) -> dict:
+    """The batch admission window's gauges (in /metrics' `text`): window, waiting rows, re-learned baselines."""
     found = re.findall(r'^fleetllm_batch_admission_(\w+)\{[^}]*\} ([0-9.e+]+)$', text, re.M)
     return {name: float(value) for name, value in found}
 
@@ -104,13 +105,14 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.time() + args.start_timeout_s
-    tokens0 = output_tokens(server.url)
-    while output_tokens(server.url) - tokens0 < args.output_len * 2 and time.time() < deadline:
+    tokens0 = output_tokens(metrics_text(server.url))
+    while output_tokens(metrics_text(server.url)) - tokens0 < args.output_len * 2 and time.time() < deadline:
         time.sleep(0.5)  # the batch's job started and its rows are being answered
-    t0, tok0 = time.time(), output_tokens(server.url)
+    t0, tok0 = time.time(), output_tokens(metrics_text(server.url))
     result, _ = run_bench(argv)
-    wall, toks = time.time() - t0, output_tokens(server.url) - tok0
-    state, gate = client.batches.retrieve(batch.id), admission(server.url)
+    text = metrics_text(server.url)  # one read for the tokens and the window's gauges at the leg's end
+    wall, toks = time.time() - t0, output_tokens(text) - tok0
+    state, gate = client.batches.retrieve(batch.id), admission(text)
     try:
         client.batches.cancel(batch.id)
     except openai.ConflictError:  # it finished during the load (a small batch): nothing to cancel

@@ -198,6 +198,7 @@ def compare(args) -> None:
                              spec_extra=variant_spec(name))
         servers.append(srv)
     plan = [(r, lv) for r in range(args.rounds) for lv in levels] + [(0, lv) for lv in rates]
+    level_ids = {lv: i for i, lv in enumerate(dict.fromkeys(lv for _, lv in plan))}  # seeds: rates 0.5, 0.7 differ
     doc["planned_s"] = round(print_plan(servers, plan, args))
     if args.plan_only:
         return
@@ -220,7 +221,8 @@ def compare(args) -> None:
                     continue
                 prompts = prompts_for(kind, value, args)
                 argv = bench_argv(s, model, args, value if kind == "concurrency" else None,
-                                  value if kind == "rate" else None, prompts, seed=1000 * (rnd + 1) + int(value))
+                                  value if kind == "rate" else None, prompts,
+                                  seed=1000 * (rnd + 1) + level_ids[(kind, value)])
                 steps0 = step_histogram(s.url)  # vLLM's tokens a step, before and after (both servers report it)
                 t0, m0 = time.time(), time.monotonic()
                 spy = spy_on_replica(args.py_spy, f"{s.name}-{kind}{value:g}", args.py_spy_s, s.proc.pid) if (

@@ -87,9 +87,16 @@ def metrics_text(url: str) -> str:
     return httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
 
 
-def output_tokens(text: str) -> float:
-    """Interactive + batch output tokens the server has counted (in /metrics' `text`)."""
-    pattern = r'^fleetllm_(?:batch_)?output_tokens_total\{[^}]*\} ([0-9.e+]+)$'
+def output_tokens(text: str, batch_only: bool = False) -> float:
+    """Interactive + batch output tokens the server has counted (in /metrics' `text`); the batch's alone."""
+    pattern = r'^fleetllm_%soutput_tokens_total\{[^}]*\} ([0-9.e+]+)$' % ("batch_" if batch_only else "(?:batch_)?")
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def batch_rows_answered(text: str) -> float:
+    """Batch API rows answered with a 200 (in /metrics' `text`): each row's request as it finishes, before the
+    shard's commit (the batch's `request_counts` move at commits only, so a short leg may show none)."""
+    pattern = r'^fleetllm_batch_requests_total\{[^}]*status="200"[^}]*\} ([0-9.e+]+)$'
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
@@ -108,10 +115,13 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
     tokens0 = output_tokens(metrics_text(server.url))
     while output_tokens(metrics_text(server.url)) - tokens0 < args.output_len * 2 and time.time() < deadline:
         time.sleep(0.5)  # the batch's job started and its rows are being answered
-    t0, tok0 = time.time(), output_tokens(metrics_text(server.url))
+    text0 = metrics_text(server.url)
+    t0, tok0 = time.time(), output_tokens(text0)
     result, _ = run_bench(argv)
     text = metrics_text(server.url)  # one read for the tokens and the window's gauges at the leg's end
     wall, toks = time.time() - t0, output_tokens(text) - tok0
+    batch_toks = output_tokens(text, batch_only=True) - output_tokens(text0, batch_only=True)
+    rows = batch_rows_answered(text) - batch_rows_answered(text0)
     state, gate = client.batches.retrieve(batch.id), admission(text)
     try:
         client.batches.cancel(batch.id)
@@ -120,7 +130,8 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
     while client.batches.retrieve(batch.id).status not in ("cancelled", "completed", "failed", "expired"):
         time.sleep(0.5)
     run = summarize(result)
-    run.update(total_output_tok_s=round(toks / wall, 1), batch_completed_during=state.request_counts.completed,
+    run.update(total_output_tok_s=round(toks / wall, 1), batch_output_tok_s=round(batch_toks / wall, 1),
+               batch_rows_answered_during=int(rows), batch_completed_during=state.request_counts.completed,
                batch_status_during=state.status, admission_at_end=gate)
     return run
 
@@ -150,8 +161,10 @@ def print_table(doc: dict) -> None:
     waves = lambda leg: [(r[leg].get("waves") or {}).get("send_bursts") for r in doc["rounds"]]  # noqa: E731
     print(f"bursts sent a round (alone / with batch; {doc['args']['prompts']} requests: near that many is spread out, "
           f"near prompts / c is lock-step): {waves('alone')} / {waves('with_batch')}")
-    print("batch rows completed during the with-batch leg: "
-          f"{[r['with_batch'].get('batch_completed_during') for r in doc['rounds']]}")
+    leg = lambda key: [r["with_batch"].get(key) for r in doc["rounds"]]  # noqa: E731
+    print(f"batch during the with-batch leg: rows answered {leg('batch_rows_answered_during')}, output tok/s "
+          f"{leg('batch_output_tok_s')}, rows committed {leg('batch_completed_during')}, window at the end "
+          f"{[(g or {}).get('window') for g in leg('admission_at_end')]}")
 
 
 def main() -> None:

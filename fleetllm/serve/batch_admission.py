@@ -26,11 +26,11 @@ to the engine's priority order (lease 15: 0.88x of alone).
 The baseline is the best latency seen, and it can be one the batch cannot give back: an interactive load alone in
 lock-step waves (equal lengths, closed loop: its prompts prefill together between decode runs) has a lower p99 gap
 than the same load arriving spread out, as it does beside any batch (its own prefill chunks land in other streams'
-decode steps). Lease 20 (H100): after such a baseline the batch completed no row in two 30-second legs (it drew ~50
-and ~550 tokens/s: a window of a few rows at most). So once the window has held its floor (no more batch rows in the
-engines than the floor) while FLOOR_SAMPLES samples came (under `gap_p99` also a whole pool of new gaps) and the
-interactive latency is still past the tolerance, that latency is the interactive traffic's own: it becomes the
-baseline, and the window grows again from there.
+decode steps). Lease 20 (H100): after such a baseline the batch drew ~50 and ~550 tokens/s in two 30-second legs
+(~1 and ~7 rows decoding at a time) and committed no shard. So once the window has held its floor (no more batch
+rows in the engines than the floor) while FLOOR_SAMPLES samples came (under `gap_p99` also a whole pool of new gaps)
+and the interactive latency is still past the tolerance, that latency is the interactive traffic's own: it becomes
+the baseline, and the window grows again from there.
 
 One gate per API process and model: on the direct path that is each replica (its own engine), behind the
 separate ingress each ingress replica over the model's replicas.

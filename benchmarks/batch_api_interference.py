@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import statistics
 import sys
@@ -80,30 +79,36 @@ def batch_lines(model_dir: str, args) -> bytes:
     return "\n".join(json.dumps(x) for x in lines).encode() + b"\n"
 
 
-def metrics_text(url: str) -> str:
-    """The server's /metrics, as text."""
+def metric_samples(url: str) -> list:
+    """The server's /metrics, as prometheus_client's parsed samples."""
     import httpx
+    from prometheus_client.parser import text_string_to_metric_families
 
-    return httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
-
-
-def output_tokens(text: str, batch_only: bool = False) -> float:
-    """Interactive + batch output tokens the server has counted (in /metrics' `text`); the batch's alone."""
-    pattern = r'^fleetllm_%soutput_tokens_total\{[^}]*\} ([0-9.e+]+)$' % ("batch_" if batch_only else "(?:batch_)?")
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return [sample for fam in text_string_to_metric_families(text) for sample in fam.samples]
 
 
-def batch_rows_answered(text: str) -> float:
-    """Batch API rows answered with a 200 (in /metrics' `text`): each row's request as it finishes, before the
-    shard's commit (the batch's `request_counts` move at commits only, so a short leg may show none)."""
-    pattern = r'^fleetllm_batch_requests_total\{[^}]*status="200"[^}]*\} ([0-9.e+]+)$'
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
+def total(samples: list, name: str, **labels: str) -> float:
+    """The sum of the samples named `name` whose labels include `labels`."""
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
 
 
-def admission(text: str) -> dict:
-    """The batch admission window's gauges (in /metrics' `text`): window, waiting rows, re-learned baselines."""
-    found = re.findall(r'^fleetllm_batch_admission_(\w+)\{[^}]*\} ([0-9.e+]+)$', text, re.M)
-    return {name: float(value) for name, value in found}
+def output_tokens(samples: list, batch_only: bool = False) -> float:
+    """Interactive + batch output tokens the server has counted; the batch's alone."""
+    batch = total(samples, "fleetllm_batch_output_tokens_total")
+    return batch if batch_only else batch + total(samples, "fleetllm_output_tokens_total")
+
+
+def batch_rows_answered(samples: list) -> float:
+    """Batch API rows answered with a 200: each row's request as it finishes, before the shard's commit (the
+    batch's `request_counts` move at commits only, so a short leg may show none)."""
+    return total(samples, "fleetllm_batch_requests_total", status="200")
+
+
+def admission(samples: list) -> dict:
+    """The batch admission window's gauges: window, waiting rows, re-learned baselines."""
+    prefix = "fleetllm_batch_admission_"
+    return {s.name.removeprefix(prefix): s.value for s in samples if s.name.startswith(prefix)}
 
 
 def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> dict:
@@ -112,17 +117,16 @@ def with_batch(server: Server, client, file_id: str, argv: list[str], args) -> d
 
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.time() + args.start_timeout_s
-    tokens0 = output_tokens(metrics_text(server.url))
-    while output_tokens(metrics_text(server.url)) - tokens0 < args.output_len * 2 and time.time() < deadline:
+    tokens0 = output_tokens(metric_samples(server.url))
+    while output_tokens(metric_samples(server.url)) - tokens0 < args.output_len * 2 and time.time() < deadline:
         time.sleep(0.5)  # the batch's job started and its rows are being answered
-    text0 = metrics_text(server.url)
-    t0, tok0 = time.time(), output_tokens(text0)
+    t0, before = time.time(), metric_samples(server.url)
     result, _ = run_bench(argv)
-    text = metrics_text(server.url)  # one read for the tokens and the window's gauges at the leg's end
-    wall, toks = time.time() - t0, output_tokens(text) - tok0
-    batch_toks = output_tokens(text, batch_only=True) - output_tokens(text0, batch_only=True)
-    rows = batch_rows_answered(text) - batch_rows_answered(text0)
-    state, gate = client.batches.retrieve(batch.id), admission(text)
+    after = metric_samples(server.url)  # one read for the tokens and the window's gauges at the leg's end
+    wall, toks = time.time() - t0, output_tokens(after) - output_tokens(before)
+    batch_toks = output_tokens(after, batch_only=True) - output_tokens(before, batch_only=True)
+    rows = batch_rows_answered(after) - batch_rows_answered(before)
+    state, gate = client.batches.retrieve(batch.id), admission(after)
     try:
         client.batches.cancel(batch.id)
     except openai.ConflictError:  # it finished during the load (a small batch): nothing to cancel
